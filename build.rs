@@ -1,0 +1,13 @@
+//! Compiles our own copy of the Envoy rate-limit protos with protox (pure Rust), so that building
+//! Portcullis never needs a system `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["proto/envoy/service/ratelimit/v3/rls.proto"];
+    println!("cargo:rerun-if-changed=proto");
+    let descriptors = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

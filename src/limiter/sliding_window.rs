@@ -1,0 +1,141 @@
+//! Sliding window over sub-window counters.
+//!
+//! The window of `window_us` is cut into `SUB_WINDOWS` epoch-aligned sub-windows of
+//! `sub_window_us = ceil(window_us / SUB_WINDOWS)`. A counter keeps the hits admitted in each of the
+//! last `SLOTS = SUB_WINDOWS + 1` sub-windows (the current one and the `SUB_WINDOWS` before it).
+//! A request is admitted when the sum of those counters plus its hits stays within the limit.
+//!
+//! Why this never over-admits: take any interval of length `window_us` and the last hit admitted
+//! in it, at time t in sub-window b. Every earlier hit of the interval lies in (t - window_us, t],
+//! which is covered by sub-windows b - SUB_WINDOWS ..= b, all of which were summed when t was
+//! admitted; so the interval holds at most the limit.
+//!
+//! The price (bounded under-admission): hits of the oldest counted sub-window stay counted for up
+//! to one sub-window longer than `window_us`. Equivalently a hit is forgotten between `window_us`
+//! and `window_us * (1 + 1/SUB_WINDOWS)` after it was admitted, never sooner.
+//! Memory per key: `SLOTS` counters, whatever the limit.
+
+use super::{Decision, Limit, Outcome, us};
+
+pub const SUB_WINDOWS: u64 = 10;
+pub const SLOTS: usize = SUB_WINDOWS as usize + 1;
+
+/// Counters of the last `SLOTS` sub-windows; `counts[SLOTS - 1]` belongs to sub-window `newest`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlidingState {
+    newest: u64,
+    counts: [u64; SLOTS],
+}
+
+pub fn sub_window_us(window_us: u64) -> u64 {
+    window_us.div_ceil(SUB_WINDOWS).max(1)
+}
+
+impl SlidingState {
+    /// Builds the state from (sub-window index, count) pairs, as the Redis script returns them.
+    /// Pairs older than the `SLOTS` sub-windows ending at the newest one are ignored.
+    pub fn from_counts(pairs: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let pairs: Vec<(u64, u64)> = pairs.into_iter().filter(|&(_, c)| c > 0).collect();
+        let mut state = SlidingState::default();
+        if let Some(newest) = pairs.iter().map(|&(b, _)| b).max() {
+            state.newest = newest;
+            for (bucket, count) in pairs {
+                let age = newest - bucket;
+                if age < SLOTS as u64 {
+                    let slot = SLOTS - 1 - age as usize;
+                    state.counts[slot] = state.counts[slot].saturating_add(count);
+                }
+            }
+        }
+        state
+    }
+
+    /// Non-empty (sub-window index, count) pairs, oldest first.
+    pub fn counts(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter_map(move |(slot, &count)| {
+                let age = (SLOTS - 1 - slot) as u64;
+                (count > 0 && self.newest >= age).then(|| (self.newest - age, count))
+            })
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts
+            .iter()
+            .fold(0u64, |sum, &c| sum.saturating_add(c))
+    }
+
+    /// Moves the newest sub-window forward to `bucket`, dropping counters that leave the window.
+    /// A bucket older than the newest (the clock stepped back) keeps the newest: counting into
+    /// it is safe, forgetting counters early would not be.
+    fn advance(&mut self, bucket: u64) {
+        if bucket <= self.newest {
+            return;
+        }
+        let shift = bucket - self.newest;
+        if shift >= SLOTS as u64 {
+            self.counts = [0; SLOTS];
+        } else {
+            let shift = shift as usize;
+            self.counts.rotate_left(shift);
+            self.counts[SLOTS - shift..].fill(0);
+        }
+        self.newest = bucket;
+    }
+}
+
+/// Admits `hits` if the window has room for them, and reports the state after.
+pub fn check(state: &mut SlidingState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    let sub_us = sub_window_us(limit.window_us);
+    state.advance(now_us / sub_us);
+    let used = state.total();
+    let allowed = hits <= limit.requests.saturating_sub(used);
+    if allowed {
+        state.counts[SLOTS - 1] = state.counts[SLOTS - 1].saturating_add(hits);
+    }
+    let outcome = summarize(state, now_us, limit, hits, allowed);
+    debug_assert!(allowed || outcome.decision.remaining == limit.requests.saturating_sub(used));
+    outcome
+}
+
+/// Derives what Envoy is told from a state (after the check ran on it).
+pub fn summarize(
+    state: &SlidingState,
+    now_us: u64,
+    limit: &Limit,
+    hits: u64,
+    allowed: bool,
+) -> Outcome {
+    let sub_us = sub_window_us(limit.window_us);
+    let used = state.total();
+    // A sub-window b stops counting once the current one is b + SLOTS, i.e. at (b + SLOTS) * sub_us.
+    let leaves_at = |bucket: u64| {
+        bucket
+            .saturating_add(SLOTS as u64)
+            .saturating_mul(sub_us)
+            .saturating_sub(now_us)
+    };
+    let reset_after_us = state.counts().last().map_or(0, |(b, _)| leaves_at(b));
+    let retry_after = if allowed || hits > limit.requests {
+        None
+    } else {
+        let need = used.saturating_add(hits).saturating_sub(limit.requests);
+        let mut freed = 0u64;
+        state.counts().find_map(|(bucket, count)| {
+            freed = freed.saturating_add(count);
+            (freed >= need).then(|| us(leaves_at(bucket).max(1)))
+        })
+    };
+    Outcome {
+        decision: Decision {
+            allowed,
+            limit: limit.requests,
+            remaining: limit.requests.saturating_sub(used),
+            reset_after: us(reset_after_us),
+            retry_after,
+        },
+        keep_for_us: reset_after_us,
+    }
+}

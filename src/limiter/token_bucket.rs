@@ -1,0 +1,117 @@
+//! Token bucket as GCRA (generic cell rate algorithm): one number of state, the theoretical
+//! arrival time (TAT) at which the bucket would be full again.
+//!
+//! A bucket holds `burst` tokens and regains `requests` tokens per `window_us`, continuously.
+//! One token takes `emission_us = window_us / requests` to come back; the bucket is full when
+//! TAT <= now. Spending n tokens moves TAT to max(TAT, now) + n * emission_us, which is allowed
+//! while TAT - now stays within `tolerance_us = burst * emission_us`.
+//!
+//! `emission_us` is rarely a whole number (100 per second is 10,000 us; 3 per second is not), and
+//! rounding it would either over- or under-admit. So TAT is kept exactly, as whole microseconds
+//! plus a fraction in units of 1/requests of a microsecond: `tat_us + frac / requests`. Every
+//! cost is split the same way (`quotient + remainder / requests`) in Rust with 128-bit integers,
+//! so the Redis script only adds and compares integers below 2^53, where Lua's doubles are exact.
+
+use super::{Decision, Limit, Outcome, us};
+
+/// Durations above this are clamped: keeps every value the Lua script sees exact in a double.
+pub const MAX_SPAN_US: u64 = 1 << 52;
+
+/// `tat_us + frac / requests` microseconds since the epoch; 0 is a full bucket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BucketState {
+    pub tat_us: u64,
+    pub frac: u64,
+}
+
+/// A span of `quotient + remainder / requests` microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub quotient_us: u64,
+    pub remainder: u64,
+}
+
+/// `tokens` tokens' worth of time, as an exact span.
+pub fn span_of(tokens: u64, limit: &Limit) -> Span {
+    let rate = u128::from(limit.requests.max(1));
+    let scaled = u128::from(tokens) * u128::from(limit.window_us);
+    Span {
+        quotient_us: u64::try_from(scaled / rate)
+            .unwrap_or(MAX_SPAN_US)
+            .min(MAX_SPAN_US),
+        remainder: (scaled % rate) as u64,
+    }
+}
+
+/// Where the bucket stands now: TAT, or now when the bucket is already full.
+fn base(state: &BucketState, now_us: u64) -> BucketState {
+    if state.tat_us > now_us || (state.tat_us == now_us && state.frac > 0) {
+        *state
+    } else {
+        BucketState {
+            tat_us: now_us,
+            frac: 0,
+        }
+    }
+}
+
+/// Spends `hits` tokens if the bucket holds them.
+pub fn check(state: &mut BucketState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    let allowed = hits <= limit.burst && {
+        let cost = span_of(hits, limit);
+        let tolerance = span_of(limit.burst, limit);
+        let start = base(state, now_us);
+        let frac = start.frac + cost.remainder;
+        let carry = u64::from(frac >= limit.requests);
+        let next = BucketState {
+            tat_us: start.tat_us + cost.quotient_us + carry,
+            frac: frac - carry * limit.requests,
+        };
+        let ahead = (next.tat_us - now_us, next.frac);
+        let fits = ahead <= (tolerance.quotient_us, tolerance.remainder);
+        if fits {
+            *state = next;
+        }
+        fits
+    };
+    summarize(state, now_us, limit, hits, allowed)
+}
+
+/// Derives what Envoy is told from a state (after the check ran on it).
+pub fn summarize(
+    state: &BucketState,
+    now_us: u64,
+    limit: &Limit,
+    hits: u64,
+    allowed: bool,
+) -> Outcome {
+    let rate = u128::from(limit.requests.max(1));
+    let window = u128::from(limit.window_us);
+    let start = base(state, now_us);
+    // Time still to refill, in units of 1/requests us.
+    let owed = u128::from(start.tat_us - now_us) * rate + u128::from(start.frac);
+    let capacity = u128::from(limit.burst) * window;
+    let remaining = capacity.saturating_sub(owed) / window;
+    let reset_after_us = owed.div_ceil(rate);
+    let retry_after = if allowed || hits > limit.burst {
+        None
+    } else {
+        let excess = (owed + u128::from(hits) * window).saturating_sub(capacity);
+        Some(us(clamp_us(excess.div_ceil(rate)).max(1)))
+    };
+    let reset_after_us = clamp_us(reset_after_us);
+    Outcome {
+        decision: Decision {
+            allowed,
+            limit: limit.burst,
+            remaining: u64::try_from(remaining).unwrap_or(u64::MAX),
+            reset_after: us(reset_after_us),
+            retry_after,
+        },
+        keep_for_us: reset_after_us,
+    }
+}
+
+fn clamp_us(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(MAX_SPAN_US).min(MAX_SPAN_US)
+}

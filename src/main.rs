@@ -1,0 +1,125 @@
+//! The `portcullis` binary: parse the command line, hand over to the library.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+
+use portcullis::clock::SystemClock;
+use portcullis::rules::{self, Lookup, MatchKind};
+use portcullis::settings::{Cli, Command, Settings};
+use portcullis::{service, telemetry};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(settings) => serve(*settings),
+        Command::Check { dir } => check(&dir),
+        Command::Explain {
+            config,
+            domain,
+            entries,
+        } => explain(&config, &domain, &entries),
+    }
+}
+
+fn serve(settings: Settings) -> ExitCode {
+    telemetry::init(&settings.log_level, settings.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("portcullis: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let running = match service::start(&settings, Arc::new(SystemClock::default())).await {
+            Ok(running) => running,
+            Err(e) => {
+                eprintln!("portcullis: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        running.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn check(dir: &std::path::Path) -> ExitCode {
+    match rules::load_dir(dir) {
+        Ok(snapshot) => {
+            let count = snapshot.rules().len();
+            println!(
+                "{}: {} file(s), {} domain(s), {count} rule(s): OK",
+                dir.display(),
+                snapshot.files.len(),
+                snapshot.domain_names().len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn explain(config: &std::path::Path, domain: &str, entries: &[(String, String)]) -> ExitCode {
+    let snapshot = match rules::load_dir(config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (lookup, steps) = snapshot.explain(domain, entries);
+    if matches!(lookup, Lookup::UnknownDomain) {
+        println!(
+            "domain {domain:?} is not configured (known: {:?}): every descriptor is OK, not counted",
+            snapshot.domain_names()
+        );
+        return ExitCode::SUCCESS;
+    }
+    for (depth, step) in steps.iter().enumerate() {
+        let how = match &step.matched {
+            None => "no match at this level: the lookup stops here".to_owned(),
+            Some((MatchKind::Exact, src)) => format!("exact value, at {src}"),
+            Some((MatchKind::Wildcard(p), src)) => format!("wildcard {p:?}, at {src}"),
+            Some((MatchKind::Default, src)) => format!("default (no value), at {src}"),
+        };
+        println!("level {}: {}={:?}: {how}", depth + 1, step.key, step.value);
+    }
+    match lookup {
+        Lookup::Rule(rule) => println!("rule: {}", rule.describe()),
+        _ if steps.len() < entries.len() => {
+            println!("no rule: the descriptor is deeper than any rule that matched")
+        }
+        _ => {
+            println!("no rule: nothing configured at this depth; the descriptor is OK, not counted")
+        }
+    }
+    ExitCode::SUCCESS
+}

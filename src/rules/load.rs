@@ -1,0 +1,151 @@
+//! Reading rule files: one directory, every non-dot regular file (or link to one) in it.
+//! Kubernetes mounts a ConfigMap as `..data/` plus links; the dot entries are its machinery and are
+//! skipped. All problems of all files are collected, so `portcullis check` lists every one.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::{Domain, Snapshot, yaml};
+
+/// One problem in one rules file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}:{line}: {field}: {message}", file.display())]
+pub struct RuleError {
+    pub file: PathBuf,
+    pub line: u64,
+    /// The YAML path of the offending field, e.g. `descriptors[0].rate_limit.unit`.
+    pub field: String,
+    pub message: String,
+}
+
+/// Why a set of rules was refused: every problem found.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error("cannot read rules directory {}: {source}", dir.display())]
+    Dir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}", Invalid(.0))]
+    Invalid(Vec<RuleError>),
+}
+
+struct Invalid<'a>(&'a [RuleError]);
+
+impl fmt::Display for Invalid<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses one file's text; on failure pushes the problems to `errors`.
+pub fn parse_file(path: &Path, text: &str, errors: &mut Vec<RuleError>) -> Option<Domain> {
+    let file = Arc::new(path.to_path_buf());
+    match serde_saphyr::from_str::<yaml::FileYaml>(text) {
+        Ok(parsed) => yaml::build(&file, parsed, errors),
+        Err(e) => {
+            let line = e.location().map_or(1, |l| l.line().max(1));
+            let render = serde_saphyr::render_options! { snippets: serde_saphyr::SnippetMode::Off };
+            let message = plain_message(&e.render_with_options(render));
+            errors.push(RuleError {
+                file: path.to_path_buf(),
+                line,
+                field: "yaml".into(),
+                message,
+            });
+            None
+        }
+    }
+}
+
+/// The parser's message without what we already say (the location) or what only applies to
+/// its API (the options hint).
+fn plain_message(rendered: &str) -> String {
+    let mut message = rendered.trim();
+    if let Some(at) = message.rfind(" at line ") {
+        message = &message[..at];
+    }
+    message
+        .replace(", set DuplicateKeyPolicy in Options if acceptable", "")
+        .trim_end_matches(',')
+        .to_owned()
+}
+
+/// The rule files of a directory, sorted by name.
+fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, RulesError> {
+    let read = std::fs::read_dir(dir).map_err(|source| RulesError::Dir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files = Vec::new();
+    for entry in read {
+        let entry = entry.map_err(|source| RulesError::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        // `metadata` follows links, so a ConfigMap's link to `..data/file` counts as a file.
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Loads and validates every rules file of `dir`; all or nothing.
+pub fn load_dir(dir: &Path) -> Result<Snapshot, RulesError> {
+    let files = rule_files(dir)?;
+    let mut errors = Vec::new();
+    let mut domains: HashMap<String, Domain> = HashMap::new();
+    for path in &files {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) => {
+                errors.push(RuleError {
+                    file: path.clone(),
+                    line: 1,
+                    field: "file".into(),
+                    message: format!("cannot read: {e}"),
+                });
+                continue;
+            }
+        };
+        let Some(domain) = parse_file(path, &text, &mut errors) else {
+            continue;
+        };
+        if let Some(first) = domains.get(&domain.name) {
+            errors.push(RuleError {
+                file: path.clone(),
+                line: domain.source.line,
+                field: "domain".into(),
+                message: format!(
+                    "domain {:?} is already defined in {}",
+                    domain.name, first.source
+                ),
+            });
+            continue;
+        }
+        domains.insert(domain.name.clone(), domain);
+    }
+    if !errors.is_empty() {
+        return Err(RulesError::Invalid(errors));
+    }
+    Ok(Snapshot {
+        domains,
+        loaded_at: SystemTime::now(),
+        files,
+    })
+}

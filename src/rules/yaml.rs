@@ -1,0 +1,330 @@
+//! The rules file as written: envoyproxy/ratelimit's format plus `algorithm` and `burst` inside
+//! `rate_limit`. Every field keeps its line (`Spanned`) so that a validation error can point at it;
+//! unknown keys and duplicate keys are refused by the parser, the rest is checked in `build`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::load::RuleError;
+use super::{Domain, KeyMatchers, Level, Node, Rule, Source, Unit};
+use crate::limiter::{Algorithm, Limit};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileYaml {
+    domain: Option<Spanned<String>>,
+    #[serde(default)]
+    descriptors: Option<Vec<Spanned<DescriptorYaml>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorYaml {
+    key: Option<Spanned<String>>,
+    value: Option<Spanned<String>>,
+    rate_limit: Option<Spanned<RateLimitYaml>>,
+    descriptors: Option<Vec<Spanned<DescriptorYaml>>>,
+    shadow_mode: Option<bool>,
+    detailed_metric: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitYaml {
+    unit: Option<Spanned<String>>,
+    requests_per_unit: Option<Spanned<u64>>,
+    unlimited: Option<Spanned<bool>>,
+    name: Option<Spanned<String>>,
+    replaces: Option<Vec<Spanned<ReplacesYaml>>>,
+    algorithm: Option<Spanned<String>>,
+    burst: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplacesYaml {
+    name: Option<Spanned<String>>,
+}
+
+/// Validates one parsed file and builds its domain; every problem found is pushed to `errors`.
+pub(crate) fn build(
+    file: &Arc<PathBuf>,
+    parsed: FileYaml,
+    errors: &mut Vec<RuleError>,
+) -> Option<Domain> {
+    let mut ctx = Ctx { file, errors };
+    let Some(domain) = parsed.domain else {
+        ctx.error(1, "domain", "is required");
+        return None;
+    };
+    if domain.value.is_empty() {
+        ctx.error(domain.referenced.line(), "domain", "must not be empty");
+        return None;
+    }
+    let mut root = Level::default();
+    let descriptors = parsed.descriptors.unwrap_or_default();
+    ctx.level(&domain.value, &domain.value, "", descriptors, &mut root);
+    Some(Domain {
+        name: domain.value,
+        source: Source {
+            file: file.clone(),
+            line: domain.referenced.line(),
+        },
+        root,
+    })
+}
+
+struct Ctx<'a> {
+    file: &'a Arc<PathBuf>,
+    errors: &'a mut Vec<RuleError>,
+}
+
+impl Ctx<'_> {
+    fn error(&mut self, line: u64, field: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(RuleError {
+            file: self.file.as_ref().clone(),
+            line,
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    fn source(&self, line: u64) -> Source {
+        Source {
+            file: self.file.clone(),
+            line,
+        }
+    }
+
+    /// Loads the descriptors of one level into `level`.
+    fn level(
+        &mut self,
+        domain: &str,
+        parent_key: &str,
+        path: &str,
+        descriptors: Vec<Spanned<DescriptorYaml>>,
+        level: &mut Level,
+    ) {
+        // (key, value) -> line of its first definition at this level.
+        let mut seen: HashMap<(String, String), u64> = HashMap::new();
+        for (index, spanned) in descriptors.into_iter().enumerate() {
+            let line = spanned.referenced.line();
+            let here = format!("{path}descriptors[{index}]");
+            let d = spanned.value;
+            let Some(key) = d.key.filter(|k| !k.value.is_empty()) else {
+                self.error(
+                    line,
+                    format!("{here}.key"),
+                    "is required and must not be empty",
+                );
+                continue;
+            };
+            let key_line = key.referenced.line();
+            let key = key.value;
+            let value = d.value.map(|v| v.value).unwrap_or_default();
+            if let Some(first) = seen.insert((key.clone(), value.clone()), key_line) {
+                let shown = if value.is_empty() {
+                    format!("key {key:?} without a value")
+                } else {
+                    format!("key {key:?} with value {value:?}")
+                };
+                self.error(
+                    key_line,
+                    format!("{here}.key"),
+                    format!("duplicate descriptor: {shown} is already defined at line {first}"),
+                );
+                continue;
+            }
+            let full_key = if value.is_empty() {
+                format!("{parent_key}.{key}")
+            } else {
+                format!("{parent_key}.{key}_{value}")
+            };
+            let shadow_mode = d.shadow_mode.unwrap_or(false);
+            let detailed_metric = d.detailed_metric.unwrap_or(false);
+            let rule = d.rate_limit.and_then(|rl| {
+                self.rule(domain, &full_key, &here, rl, shadow_mode, detailed_metric)
+            });
+            let mut node = Node {
+                rule: rule.map(Arc::new),
+                children: Level::default(),
+                source: self.source(key_line),
+            };
+            if let Some(children) = d.descriptors {
+                self.level(
+                    domain,
+                    &full_key,
+                    &format!("{here}."),
+                    children,
+                    &mut node.children,
+                );
+            }
+            let matchers: &mut KeyMatchers = level.by_key.entry(key).or_default();
+            if value.is_empty() {
+                matchers.default = Some(Box::new(node));
+            } else if value.contains('*') {
+                matchers.wildcards.push((value, node));
+            } else {
+                matchers.exact.insert(value, node);
+            }
+        }
+    }
+
+    fn rule(
+        &mut self,
+        domain: &str,
+        full_key: &str,
+        here: &str,
+        spanned: Spanned<RateLimitYaml>,
+        shadow_mode: bool,
+        detailed_metric: bool,
+    ) -> Option<Rule> {
+        let line = spanned.referenced.line();
+        let field = |name: &str| format!("{here}.rate_limit.{name}");
+        let rl = spanned.value;
+        let errors_before = self.errors.len();
+        let unlimited = rl.unlimited.as_ref().is_some_and(|u| u.value);
+
+        let name = rl.name.map(|n| n.value).filter(|n| !n.is_empty());
+        let mut replaces = Vec::new();
+        for (i, r) in rl.replaces.unwrap_or_default().into_iter().enumerate() {
+            let r_line = r.referenced.line();
+            match r.value.name.map(|n| n.value).filter(|n| !n.is_empty()) {
+                None => self.error(
+                    r_line,
+                    field(&format!("replaces[{i}].name")),
+                    "is required and must not be empty",
+                ),
+                Some(target) if Some(&target) == name.as_ref() => self.error(
+                    r_line,
+                    field(&format!("replaces[{i}].name")),
+                    format!("{target:?} is this rule's own name: a rule cannot replace itself"),
+                ),
+                Some(target) => replaces.push(target),
+            }
+        }
+
+        let algorithm = match &rl.algorithm {
+            None => Algorithm::default(),
+            Some(a) => match a.value.as_str() {
+                "sliding_window" => Algorithm::SlidingWindow,
+                "token_bucket" => Algorithm::TokenBucket,
+                "fixed_window" => Algorithm::FixedWindow,
+                other => {
+                    self.error(
+                        a.referenced.line(),
+                        field("algorithm"),
+                        format!(
+                            "{other:?} is not one of sliding_window, token_bucket, fixed_window"
+                        ),
+                    );
+                    Algorithm::default()
+                }
+            },
+        };
+
+        let requests = match &rl.requests_per_unit {
+            Some(r) if r.value > u64::from(u32::MAX) => {
+                self.error(
+                    r.referenced.line(),
+                    field("requests_per_unit"),
+                    format!(
+                        "{} is above the most Envoy can carry ({})",
+                        r.value,
+                        u32::MAX
+                    ),
+                );
+                0
+            }
+            Some(r) => r.value as u32,
+            // The Go service reads a missing count as 0 (deny everything); so do we.
+            None => 0,
+        };
+
+        let unit = if unlimited {
+            if let Some(u) = &rl.unit {
+                self.error(
+                    u.referenced.line(),
+                    field("unit"),
+                    "must not be set when unlimited is true",
+                );
+            }
+            if let Some(a) = &rl.algorithm {
+                self.error(
+                    a.referenced.line(),
+                    field("algorithm"),
+                    "must not be set when unlimited is true",
+                );
+            }
+            None
+        } else {
+            match &rl.unit {
+                None => {
+                    self.error(line, field("unit"), "is required (second, minute, hour, day, week, month or year) unless unlimited is true");
+                    None
+                }
+                Some(u) => {
+                    match Unit::parse(&u.value) {
+                        Some(unit) => Some(unit),
+                        None => {
+                            self.error(
+                            u.referenced.line(),
+                            field("unit"),
+                            format!("{:?} is not one of second, minute, hour, day, week, month, year", u.value),
+                        );
+                            None
+                        }
+                    }
+                }
+            }
+        };
+
+        let burst = match &rl.burst {
+            None => u64::from(requests),
+            Some(b) => {
+                if algorithm != Algorithm::TokenBucket {
+                    self.error(
+                        b.referenced.line(),
+                        field("burst"),
+                        format!("only applies to algorithm token_bucket, not {algorithm}"),
+                    );
+                } else if b.value < 1 {
+                    self.error(b.referenced.line(), field("burst"), "must be at least 1");
+                } else if b.value > u64::from(u32::MAX) {
+                    self.error(
+                        b.referenced.line(),
+                        field("burst"),
+                        format!("must be at most {}", u32::MAX),
+                    );
+                }
+                b.value
+            }
+        };
+
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        let limit = unit.map(|unit| Limit {
+            algorithm,
+            requests: u64::from(requests),
+            window_us: unit.window_us(),
+            burst,
+        });
+        Some(Rule {
+            full_key: full_key.to_owned(),
+            domain: domain.to_owned(),
+            limit,
+            requests_per_unit: requests,
+            unit,
+            name,
+            replaces,
+            shadow_mode,
+            detailed_metric,
+            source: Some(self.source(line)),
+        })
+    }
+}

@@ -1,0 +1,143 @@
+//! The service: gRPC (`ShouldRateLimit`, `grpc.health.v1`) and the admin listener, wired to the
+//! rules and a store. `start` binds both listeners and returns a handle that stops them; the
+//! binary and the end-to-end tests start the server the same way.
+
+pub mod response;
+pub mod rls;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use response::HeadersMode;
+pub use rls::{GrpcService, RateLimiter, ServiceConfig};
+
+use crate::admin;
+use crate::clock::Clock;
+use crate::limiter::Limiter;
+use crate::pb::RateLimitServiceServer;
+use crate::rules::{self, RulesError};
+use crate::settings::{Settings, StoreKind};
+use crate::store::MemoryStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("rules in {dir} refused:\n{source}")]
+    Rules { dir: String, source: RulesError },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running server; dropping it does not stop it, `shutdown` does.
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight calls finish, and waits for both listeners to close.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Loads the rules, binds the listeners and serves until `shutdown`.
+pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
+    let snapshot = rules::load_dir(&settings.config).map_err(|source| StartError::Rules {
+        dir: settings.config.display().to_string(),
+        source,
+    })?;
+    tracing::info!(
+        files = snapshot.files.len(),
+        domains = ?snapshot.domain_names(),
+        "rules loaded"
+    );
+    let rules = Arc::new(ArcSwap::from_pointee(snapshot));
+
+    let store = match settings.store {
+        StoreKind::Memory => {
+            let store = MemoryStore::new(clock);
+            store.spawn_sweeper(Duration::from_secs(10));
+            Box::new(store)
+        }
+    };
+    let limiter = Arc::new(Limiter::new(store));
+    let config = ServiceConfig {
+        response_headers: settings.response_headers,
+        global_shadow_mode: settings.shadow_mode,
+        max_descriptors: settings.max_descriptors,
+        max_entries: settings.max_entries,
+    };
+    let service = Arc::new(RateLimiter::new(rules.clone(), limiter, config));
+
+    let grpc_listener = bind(settings.grpc_addr).await?;
+    let admin_listener = bind(settings.admin_addr).await?;
+    let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
+    let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
+    let (stop, stopped) = watch::channel(false);
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<GrpcService>>()
+        .await;
+    let rls = RateLimitServiceServer::new(GrpcService(service))
+        .max_decoding_message_size(settings.max_message_bytes);
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(rls)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+            wait_for_stop(stopped.clone()),
+        );
+    let grpc_task = tokio::spawn(async move {
+        if let Err(e) = grpc.await {
+            tracing::error!(error = %e, "gRPC server failed");
+        }
+    });
+
+    let app = admin::router(admin::AdminState { rules });
+    let admin_task = tokio::spawn(async move {
+        let served = axum::serve(admin_listener, app)
+            .with_graceful_shutdown(wait_for_stop(stopped))
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "admin server failed");
+        }
+    });
+    tracing::info!(%grpc_addr, %admin_addr, store = ?settings.store, "serving");
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        stop,
+        tasks: vec![grpc_task, admin_task],
+    })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+fn local_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, StartError> {
+    listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+async fn wait_for_stop(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}

@@ -1,0 +1,129 @@
+//! Every flag of the command line, each also read from a `PORTCULLIS_*` environment variable
+//! (Kubernetes sets those). This is the only place that reads the environment; the rest of the
+//! program is handed a `Settings`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::service::HeadersMode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "portcullis",
+    version,
+    about = "Rate-limit service for Envoy and Istio"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve envoy.service.ratelimit.v3 over gRPC, and the admin HTTP listener.
+    Serve(Box<Settings>),
+    /// Validate a rules directory; exit 1 listing every problem.
+    Check {
+        /// The rules directory.
+        dir: PathBuf,
+    },
+    /// Show which rule a descriptor matches, level by level, and why.
+    Explain {
+        #[arg(long, env = "PORTCULLIS_CONFIG")]
+        config: PathBuf,
+        #[arg(long)]
+        domain: String,
+        /// The descriptor's entries in order, as key=value (key= for an empty value).
+        #[arg(required = true, value_parser = parse_entry)]
+        entries: Vec<(String, String)>,
+    },
+}
+
+fn parse_entry(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{text:?} is not key=value"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// Counters in this process (one replica, or each replica its own budget).
+    Memory,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Settings {
+    /// Directory of rule files (every non-dot file in it).
+    #[arg(
+        long,
+        env = "PORTCULLIS_CONFIG",
+        default_value = "/etc/portcullis/rules"
+    )]
+    pub config: PathBuf,
+    /// gRPC listen address (envoy.service.ratelimit.v3 and grpc.health.v1).
+    #[arg(long, env = "PORTCULLIS_GRPC_ADDR", default_value = "127.0.0.1:8081")]
+    pub grpc_addr: SocketAddr,
+    /// Admin HTTP listen address (/healthz, /readyz, /rlconfig).
+    #[arg(long, env = "PORTCULLIS_ADMIN_ADDR", default_value = "127.0.0.1:8080")]
+    pub admin_addr: SocketAddr,
+    /// Where counters live.
+    #[arg(long, env = "PORTCULLIS_STORE", value_enum, default_value = "memory")]
+    pub store: StoreKind,
+    /// Rate-limit headers added to responses.
+    #[arg(
+        long,
+        env = "PORTCULLIS_RESPONSE_HEADERS",
+        value_enum,
+        default_value = "off"
+    )]
+    pub response_headers: HeadersMode,
+    /// Count everything but never answer OVER_LIMIT (trying rules out in production).
+    #[arg(long, env = "PORTCULLIS_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// Most descriptors accepted in one request.
+    #[arg(long, env = "PORTCULLIS_MAX_DESCRIPTORS", default_value_t = 512)]
+    pub max_descriptors: usize,
+    /// Most entries accepted in one descriptor.
+    #[arg(long, env = "PORTCULLIS_MAX_ENTRIES", default_value_t = 64)]
+    pub max_entries: usize,
+    /// Largest request message accepted, in bytes.
+    #[arg(long, env = "PORTCULLIS_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
+    pub max_message_bytes: usize,
+    /// Log level or filter (RUST_LOG syntax); RUST_LOG wins when set.
+    #[arg(long, env = "PORTCULLIS_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    #[arg(
+        long,
+        env = "PORTCULLIS_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+impl Settings {
+    /// Settings for an in-process server on ephemeral loopback ports (tests, benchmarks).
+    pub fn for_tests(config: PathBuf) -> Self {
+        Self {
+            config,
+            grpc_addr: ([127, 0, 0, 1], 0).into(),
+            admin_addr: ([127, 0, 0, 1], 0).into(),
+            store: StoreKind::Memory,
+            response_headers: HeadersMode::Off,
+            shadow_mode: false,
+            max_descriptors: 512,
+            max_entries: 64,
+            max_message_bytes: 1 << 20,
+            log_level: "warn".into(),
+            log_format: LogFormat::Text,
+        }
+    }
+}
