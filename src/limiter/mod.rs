@@ -182,3 +182,6 @@ impl Limiter {
         self.store.name()
     }
 }
+
+#[cfg(test)]
+mod model_tests;
