@@ -20,6 +20,12 @@ fn main() -> ExitCode {
             domain,
             entries,
         } => explain(&config, &domain, &entries),
+        Command::Ask {
+            addr,
+            domain,
+            hits,
+            descriptors,
+        } => ask(addr, domain, hits, descriptors),
     }
 }
 
@@ -120,6 +126,87 @@ fn explain(config: &std::path::Path, domain: &str, entries: &[(String, String)])
         _ => {
             println!("no rule: nothing configured at this depth; the descriptor is OK, not counted")
         }
+    }
+    ExitCode::SUCCESS
+}
+
+fn ask(
+    addr: String,
+    domain: String,
+    hits: u32,
+    descriptors: Vec<Vec<(String, String)>>,
+) -> ExitCode {
+    use portcullis::pb::{
+        RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient,
+        rate_limit_descriptor::Entry,
+        rate_limit_response::{Code, rate_limit::Unit},
+    };
+    let request = RateLimitRequest {
+        domain,
+        hits_addend: hits,
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(key, value)| Entry {
+                        key: key.clone(),
+                        value: value.clone(),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("portcullis: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let answer = runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(addr.clone())
+            .await
+            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        client
+            .should_rate_limit(request)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
+    });
+    let response = match answer {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("portcullis: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code_name = |code: i32| Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name());
+    println!("overall: {}", code_name(response.overall_code));
+    for (entries, status) in descriptors.iter().zip(&response.statuses) {
+        let shown: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut line = format!("  {}: {}", shown.join(","), code_name(status.code));
+        if let Some(limit) = &status.current_limit {
+            let unit = Unit::try_from(limit.unit).map_or("?", |u| u.as_str_name());
+            line.push_str(&format!(
+                ", limit {}/{}, remaining {}, reset in {}s",
+                limit.requests_per_unit,
+                unit.to_lowercase(),
+                status.limit_remaining,
+                status.duration_until_reset.map_or(0, |d| d.seconds)
+            ));
+            if !limit.name.is_empty() {
+                line.push_str(&format!(" ({})", limit.name));
+            }
+        }
+        println!("{line}");
+    }
+    for header in &response.response_headers_to_add {
+        println!("  header {}: {}", header.key, header.value);
     }
     ExitCode::SUCCESS
 }

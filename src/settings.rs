@@ -39,6 +39,29 @@ pub enum Command {
         #[arg(required = true, value_parser = parse_entry)]
         entries: Vec<(String, String)>,
     },
+    /// Send one ShouldRateLimit request to a running server and print the answer.
+    Ask {
+        /// The server's gRPC address.
+        #[arg(
+            long,
+            env = "PORTCULLIS_ASK_ADDR",
+            default_value = "http://127.0.0.1:8081"
+        )]
+        addr: String,
+        #[arg(long)]
+        domain: String,
+        /// Request-level hits_addend (0 counts as 1).
+        #[arg(long, default_value_t = 0)]
+        hits: u32,
+        /// A descriptor as key=value[,key=value...]; repeat for several descriptors.
+        #[arg(short = 'd', long = "descriptor", required = true, value_parser = parse_descriptor)]
+        descriptors: Vec<Vec<(String, String)>>,
+    },
+}
+
+/// One descriptor on the command line: `k=v[,k2=v2...]`.
+fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, String> {
+    text.split(',').map(parse_entry).collect()
 }
 
 fn parse_entry(text: &str) -> Result<(String, String), String> {

@@ -1,0 +1,252 @@
+//! The command line as a platform team uses it in CI: `portcullis check` on good and broken rule
+//! directories, and `portcullis explain`.
+
+use std::path::Path;
+use std::process::Command;
+
+fn portcullis(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(args)
+        .output()
+        .expect("run portcullis");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("write");
+    }
+    dir
+}
+
+#[test]
+fn check_accepts_the_examples() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules");
+    let (code, out) = portcullis(&["check", examples.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("OK"), "{out}");
+}
+
+#[test]
+fn check_names_file_line_and_field_of_every_broken_rule() {
+    // (file text, line, field, words of the message)
+    let cases: &[(&str, u64, &str, &str)] = &[
+        (
+            "domain: a\ndescriptors:\n  - key: k\n     value: x\n",
+            4,
+            "yaml",
+            "mapping values are not allowed",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    bogus: 1\n",
+            4,
+            "yaml",
+            "unknown field `bogus`",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, colour: red}\n",
+            4,
+            "yaml",
+            "unknown field `colour`",
+        ),
+        ("domain: a\ndomain: b\n", 2, "yaml", "duplicate mapping key"),
+        ("domain: \"\"\n", 1, "domain", "must not be empty"),
+        ("descriptors: []\n", 1, "domain", "is required"),
+        (
+            "domain: a\ndescriptors:\n  - value: v\n",
+            3,
+            "descriptors[0].key",
+            "must not be empty",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: \"\"\n",
+            3,
+            "descriptors[0].key",
+            "must not be empty",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+            5,
+            "descriptors[1].key",
+            "already defined at line 3",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    descriptors:\n      - key: n\n      - key: n\n",
+            6,
+            "descriptors[0].descriptors[1].key",
+            "already defined at line 5",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+            5,
+            "descriptors[0].rate_limit.unit",
+            "\"fortnight\" is not one of",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: 1\n",
+            5,
+            "descriptors[0].rate_limit.unit",
+            "is required",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: second\n",
+            6,
+            "descriptors[0].rate_limit.unit",
+            "must not be set when unlimited",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - {}\n",
+            8,
+            "descriptors[0].rate_limit.replaces[0].name",
+            "is required",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      name: me\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - name: me\n",
+            9,
+            "descriptors[0].rate_limit.replaces[0].name",
+            "cannot replace itself",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      burst: 5\n",
+            7,
+            "descriptors[0].rate_limit.burst",
+            "only applies to algorithm token_bucket",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: token_bucket\n      burst: 0\n",
+            8,
+            "descriptors[0].rate_limit.burst",
+            "must be at least 1",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: leaky_bucket\n",
+            7,
+            "descriptors[0].rate_limit.algorithm",
+            "is not one of",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 5000000000\n",
+            6,
+            "descriptors[0].rate_limit.requests_per_unit",
+            "above the most",
+        ),
+    ];
+    for (text, line, field, words) in cases {
+        let dir = dir_with(&[("rules.yaml", text)]);
+        let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
+        assert_eq!(code, 1, "{text}\n{out}");
+        let expected = format!("rules.yaml:{line}: {field}: ");
+        assert!(
+            out.contains(&expected),
+            "expected {expected:?} in:\n{out}\nfor:\n{text}"
+        );
+        assert!(out.contains(words), "expected {words:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn check_lists_every_problem_of_every_file_including_a_domain_defined_twice() {
+    let dir = dir_with(&[
+        ("a.yaml", "domain: shared\n"),
+        ("b.yaml", "domain: shared\n"),
+        (
+            "c.yaml",
+            "domain: c\ndescriptors:\n  - key: \"\"\n  - key: k\n    rate_limit: {unit: eon}\n",
+        ),
+        // Dot entries are Kubernetes' ConfigMap machinery, never rules.
+        (".hidden.yaml", "this is not yaml: [\n"),
+    ]);
+    let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("b.yaml:1: domain: domain \"shared\" is already defined in"),
+        "{out}"
+    );
+    assert!(out.contains("c.yaml:3: descriptors[0].key"), "{out}");
+    assert!(
+        out.contains("c.yaml:5: descriptors[1].rate_limit.unit"),
+        "{out}"
+    );
+    assert!(!out.contains(".hidden"), "{out}");
+}
+
+#[test]
+fn serve_refuses_to_start_on_broken_rules_and_says_why() {
+    let dir = dir_with(&[(
+        "r.yaml",
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: eon}\n",
+    )]);
+    let (code, out) = portcullis(&[
+        "serve",
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("r.yaml:4: descriptors[0].rate_limit.unit"),
+        "{out}"
+    );
+}
+
+#[test]
+fn explain_shows_how_each_level_matched() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules");
+    let config = examples.to_str().unwrap();
+    let (code, out) = portcullis(&[
+        "explain",
+        "--config",
+        config,
+        "--domain",
+        "edge",
+        "api_key=abc",
+        "path=/api/orders/42",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("level 1: api_key=\"abc\": default (no value), at"),
+        "{out}"
+    );
+    assert!(
+        out.contains("level 2: path=\"/api/orders/42\": wildcard \"/api/orders/*\""),
+        "{out}"
+    );
+    assert!(
+        out.contains("rule: edge.api_key.path_/api/orders/*: 20 per second, fixed_window"),
+        "{out}"
+    );
+
+    let (_, out) = portcullis(&[
+        "explain",
+        "--config",
+        config,
+        "--domain",
+        "edge",
+        "path=/nowhere",
+    ]);
+    assert!(out.contains("no match at this level"), "{out}");
+    assert!(out.contains("no rule"), "{out}");
+
+    let (_, out) = portcullis(&["explain", "--config", config, "--domain", "nope", "k=v"]);
+    assert!(out.contains("not configured"), "{out}");
+}
+
+#[test]
+fn the_readme_rules_example_loads() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let start = readme.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let end = start + readme[start..].find("```").unwrap();
+    let dir = dir_with(&[("readme.yaml", &readme[start..end])]);
+    let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+}
