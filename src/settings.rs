@@ -4,9 +4,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::limiter::FailureMode;
 use crate::service::HeadersMode;
 
 #[derive(Debug, Parser)]
@@ -74,6 +76,44 @@ fn parse_entry(text: &str) -> Result<(String, String), String> {
 pub enum StoreKind {
     /// Counters in this process (one replica, or each replica its own budget).
     Memory,
+    /// Counters in Redis, shared by every replica: standalone, Cluster or Sentinel.
+    Redis,
+}
+
+/// A secret from the command line or environment: never printed by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+/// `15ms`, `2s`, or a bare number of milliseconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, scale_us) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1_000)
+    } else if let Some(n) = text.strip_suffix("us") {
+        (n, 1)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1_000_000)
+    } else {
+        (text, 1_000)
+    };
+    let value: u64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 15ms or 2s"))?;
+    Ok(Duration::from_micros(value.saturating_mul(scale_us)))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -100,6 +140,45 @@ pub struct Settings {
     /// Where counters live.
     #[arg(long, env = "PORTCULLIS_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
+    /// Redis server URL (`redis://[user:password@]host:port[/db]`, `rediss://` for TLS).
+    #[arg(long, env = "PORTCULLIS_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// Redis Cluster seed nodes, `host:port,host:port,...`.
+    #[arg(long, env = "PORTCULLIS_REDIS_CLUSTER", value_delimiter = ',')]
+    pub redis_cluster: Vec<String>,
+    /// Redis Sentinel nodes, `host:port,host:port,...` (with --redis-master).
+    #[arg(long, env = "PORTCULLIS_REDIS_SENTINEL", value_delimiter = ',')]
+    pub redis_sentinel: Vec<String>,
+    /// The master's name the sentinels monitor.
+    #[arg(long, env = "PORTCULLIS_REDIS_MASTER")]
+    pub redis_master: Option<String>,
+    /// Connect to Redis over TLS (rustls, system trust roots).
+    #[arg(long, env = "PORTCULLIS_REDIS_TLS")]
+    pub redis_tls: bool,
+    /// Redis ACL user.
+    #[arg(long, env = "PORTCULLIS_REDIS_USER")]
+    pub redis_user: Option<String>,
+    /// Redis password (prefer the environment variable: command lines are visible to others).
+    #[arg(long, env = "PORTCULLIS_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<Secret>,
+    /// Connections in the standalone/Sentinel pool (each multiplexed).
+    #[arg(long, env = "PORTCULLIS_REDIS_POOL_SIZE", default_value_t = 4)]
+    pub redis_pool_size: u32,
+    /// Prefix of every Redis key, so deployments can share a Redis.
+    #[arg(long, env = "PORTCULLIS_KEY_PREFIX", default_value = "portcullis:")]
+    pub key_prefix: String,
+    /// Deadline of one store call; past it the failure mode answers (keep it below Envoy's
+    /// rate-limit timeout, 20ms by default).
+    #[arg(long, env = "PORTCULLIS_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
+    pub store_timeout: Duration,
+    /// What to answer when the store errs or misses its deadline.
+    #[arg(
+        long,
+        env = "PORTCULLIS_FAILURE_MODE",
+        value_enum,
+        default_value = "allow"
+    )]
+    pub failure_mode: FailureMode,
     /// Rate-limit headers added to responses.
     #[arg(
         long,
@@ -140,6 +219,17 @@ impl Settings {
             grpc_addr: ([127, 0, 0, 1], 0).into(),
             admin_addr: ([127, 0, 0, 1], 0).into(),
             store: StoreKind::Memory,
+            redis_url: None,
+            redis_cluster: Vec::new(),
+            redis_sentinel: Vec::new(),
+            redis_master: None,
+            redis_tls: false,
+            redis_user: None,
+            redis_password: None,
+            redis_pool_size: 4,
+            key_prefix: "portcullis:".into(),
+            store_timeout: Duration::from_secs(2),
+            failure_mode: FailureMode::Allow,
             response_headers: HeadersMode::Off,
             shadow_mode: false,
             max_descriptors: 512,

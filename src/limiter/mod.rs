@@ -11,6 +11,7 @@ pub mod sliding_window;
 pub mod token_bucket;
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::store::{Store, StoreError};
@@ -160,26 +161,112 @@ pub(crate) fn us(duration_us: u64) -> Duration {
     Duration::from_micros(duration_us)
 }
 
-/// Turns resolved checks into decisions through a store. Kept separate from the store so that
-/// policy that is not storage (a local deny cache, failure modes) has one place to live.
+/// What to answer when the store errs or misses its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FailureMode {
+    /// Allow the request (fail open, like Envoy's default and Stripe's limiter).
+    #[default]
+    Allow,
+    /// Refuse the request (fail closed).
+    Deny,
+    /// Count in this process's memory until the store answers again.
+    Local,
+}
+
+/// Counters of how the limiter answered, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct LimiterStats {
+    /// Calls answered by the failure mode instead of the store.
+    pub failure_mode_answers: AtomicU64,
+    /// Store calls that missed the deadline.
+    pub store_timeouts: AtomicU64,
+    /// Store calls that failed otherwise.
+    pub store_errors: AtomicU64,
+}
+
+/// Turns resolved checks into decisions through a store, within a deadline, answering by the
+/// failure mode when the store cannot. Policy that is not storage lives here.
 pub struct Limiter {
     store: Box<dyn Store>,
+    deadline: Duration,
+    failure_mode: FailureMode,
+    fallback: Option<Box<dyn Store>>,
+    pub stats: LimiterStats,
 }
 
 impl Limiter {
+    /// A limiter whose store is trusted to answer (the memory store).
     pub fn new(store: Box<dyn Store>) -> Self {
-        Self { store }
+        Self::with_deadline(store, Duration::from_secs(3600), FailureMode::Allow, None)
+    }
+
+    /// `fallback` serves `FailureMode::Local`.
+    pub fn with_deadline(
+        store: Box<dyn Store>,
+        deadline: Duration,
+        failure_mode: FailureMode,
+        fallback: Option<Box<dyn Store>>,
+    ) -> Self {
+        Self {
+            store,
+            deadline,
+            failure_mode,
+            fallback,
+            stats: LimiterStats::default(),
+        }
     }
 
     pub async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        self.store.check(checks).await
+        let error = match tokio::time::timeout(self.deadline, self.store.check(checks)).await {
+            Ok(Ok(decisions)) => return Ok(decisions),
+            Ok(Err(e)) => {
+                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                e
+            }
+            Err(_) => {
+                self.stats.store_timeouts.fetch_add(1, Ordering::Relaxed);
+                StoreError::Unavailable(format!("no answer within {:?}", self.deadline))
+            }
+        };
+        tracing::warn!(error = %error, mode = ?self.failure_mode, store = self.store.name(), "store failed: answering by the failure mode");
+        self.stats
+            .failure_mode_answers
+            .fetch_add(1, Ordering::Relaxed);
+        match (self.failure_mode, &self.fallback) {
+            (FailureMode::Allow, _) => Ok(checks.iter().map(|c| failed_open(&c.limit)).collect()),
+            (FailureMode::Deny, _) => Ok(checks.iter().map(|c| failed_closed(&c.limit)).collect()),
+            (FailureMode::Local, Some(fallback)) => fallback.check(checks).await,
+            (FailureMode::Local, None) => Err(error),
+        }
     }
 
     pub fn store_name(&self) -> &'static str {
         self.store.name()
+    }
+}
+
+/// Allowed without counting: nothing is known about the real counter.
+fn failed_open(limit: &Limit) -> Decision {
+    Decision {
+        allowed: true,
+        limit: limit.capacity(),
+        remaining: limit.capacity(),
+        reset_after: Duration::ZERO,
+        retry_after: None,
+    }
+}
+
+/// Refused without counting; the client is told to come back after one window.
+fn failed_closed(limit: &Limit) -> Decision {
+    Decision {
+        allowed: false,
+        limit: limit.capacity(),
+        remaining: 0,
+        reset_after: us(limit.window_us),
+        retry_after: Some(us(limit.window_us)),
     }
 }
 

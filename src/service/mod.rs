@@ -19,16 +19,20 @@ pub use rls::{GrpcService, RateLimiter, ServiceConfig};
 
 use crate::admin;
 use crate::clock::Clock;
+use crate::limiter::FailureMode;
 use crate::limiter::Limiter;
 use crate::pb::RateLimitServiceServer;
 use crate::rules::{self, RulesError};
 use crate::settings::{Settings, StoreKind};
-use crate::store::MemoryStore;
+use crate::store::redis::{RedisConfig, Topology};
+use crate::store::{MemoryStore, RedisStore, Store};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("rules in {dir} refused:\n{source}")]
     Rules { dir: String, source: RulesError },
+    #[error("{0}")]
+    Settings(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -56,6 +60,8 @@ impl Running {
 
 /// Loads the rules, binds the listeners and serves until `shutdown`.
 pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
+    // TLS (Redis now, gRPC later) uses rustls with ring; a second install is a harmless no-op.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let snapshot = rules::load_dir(&settings.config).map_err(|source| StartError::Rules {
         dir: settings.config.display().to_string(),
         source,
@@ -67,14 +73,29 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     );
     let rules = Arc::new(ArcSwap::from_pointee(snapshot));
 
-    let store = match settings.store {
-        StoreKind::Memory => {
-            let store = MemoryStore::new(clock);
-            store.spawn_sweeper(Duration::from_secs(10));
-            Box::new(store)
+    let memory = || {
+        let store = MemoryStore::new(clock.clone());
+        store.spawn_sweeper(Duration::from_secs(10));
+        Box::new(store)
+    };
+    let limiter = match settings.store {
+        StoreKind::Memory => Limiter::new(memory()),
+        StoreKind::Redis => {
+            let config = redis_config(settings)?;
+            tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");
+            let store = RedisStore::new(&config, &settings.key_prefix)
+                .map_err(|e| StartError::Settings(e.to_string()))?;
+            let fallback =
+                (settings.failure_mode == FailureMode::Local).then(|| memory() as Box<dyn Store>);
+            Limiter::with_deadline(
+                Box::new(store),
+                settings.store_timeout,
+                settings.failure_mode,
+                fallback,
+            )
         }
     };
-    let limiter = Arc::new(Limiter::new(store));
+    let limiter = Arc::new(limiter);
     let config = ServiceConfig {
         response_headers: settings.response_headers,
         global_shadow_mode: settings.shadow_mode,
@@ -123,6 +144,44 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         admin_addr,
         stop,
         tasks: vec![grpc_task, admin_task],
+    })
+}
+
+/// The Redis connection settings, exactly one topology.
+fn redis_config(settings: &Settings) -> Result<RedisConfig, StartError> {
+    let topology = match (
+        &settings.redis_url,
+        settings.redis_cluster.is_empty(),
+        settings.redis_sentinel.is_empty(),
+    ) {
+        (Some(url), true, true) => Topology::Standalone(url.clone()),
+        (None, false, true) => Topology::Cluster(settings.redis_cluster.clone()),
+        (None, true, false) => Topology::Sentinel {
+            sentinels: settings.redis_sentinel.clone(),
+            master: settings.redis_master.clone().ok_or_else(|| {
+                StartError::Settings(
+                    "--redis-sentinel needs --redis-master (the monitored master's name)".into(),
+                )
+            })?,
+        },
+        (None, true, true) => {
+            return Err(StartError::Settings(
+                "--store redis needs one of --redis-url, --redis-cluster, --redis-sentinel".into(),
+            ));
+        }
+        _ => {
+            return Err(StartError::Settings(
+                "give only one of --redis-url, --redis-cluster, --redis-sentinel".into(),
+            ));
+        }
+    };
+    Ok(RedisConfig {
+        topology,
+        tls: settings.redis_tls,
+        username: settings.redis_user.clone(),
+        password: settings.redis_password.as_ref().map(|s| s.0.clone()),
+        pool_size: settings.redis_pool_size,
+        timeout: settings.store_timeout,
     })
 }
 

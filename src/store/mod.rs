@@ -2,12 +2,14 @@
 //! in order. It knows nothing of protobuf or rules; it only counts.
 
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
 
 use crate::limiter::{Check, Decision};
 
+pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
 
 #[derive(Debug, thiserror::Error)]

@@ -96,3 +96,5 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
         hits_addend: 0,
     }
 }
+
+pub mod redis;

@@ -1,0 +1,326 @@
+//! Real Redis for tests: `redis-server` processes on free loopback ports, in a temp directory,
+//! killed when dropped (also when a test panics). Tests never skip when Redis is missing: they fail
+//! and say how to install it.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn require_redis() {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok();
+    assert!(
+        found,
+        "redis-server is not installed: these tests need it. Install Debian's package \
+         (apt-get install redis-server) or run `bash scripts/test`, which installs it."
+    );
+}
+
+pub fn free_port() -> u16 {
+    // The OS hands out a free port; a cluster also needs port + 10000 (the bus) free.
+    for _ in 0..50 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port pair found");
+}
+
+/// Runs `redis-cli -p port args...` and returns its stdout.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Polls `ready` every 50 ms until it holds or `limit` passes.
+pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if ready() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {limit:?} waiting for {what}");
+}
+
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// On a given port (a test that starts Portcullis before Redis).
+    pub fn start_on(port: u16) -> RedisServer {
+        Self::start_full(port, &[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_full(free_port(), extra)
+    }
+
+    fn start_full(port: u16, extra: &[&str]) -> RedisServer {
+        require_redis();
+        let dir = tempfile::tempdir().expect("temp dir").keep();
+        let mut server = RedisServer {
+            port,
+            child: None,
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.launch();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn launch(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let port = self.port;
+        wait_until(
+            "redis-server to answer PING",
+            Duration::from_secs(10),
+            || cli(port, &["PING"]) == "PONG",
+        );
+    }
+
+    /// SIGKILL: like a crash, nothing flushed.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same port (the data is gone: persistence is off).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Three masters, three replicas, formed with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_healthy();
+        cluster
+    }
+
+    /// Every live node sees the cluster ok with three masters that cover all slots.
+    pub fn wait_healthy(&self) {
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            let port = node.port;
+            wait_until("cluster_state:ok", Duration::from_secs(30), || {
+                cli(port, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
+            });
+        }
+    }
+
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect()
+    }
+
+    /// The port of the master that serves `key`'s slot.
+    pub fn master_of(&self, key: &str) -> u16 {
+        let any = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a live node")
+            .port;
+        let slot: u16 = cli(any, &["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .expect("slot");
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .find(|n| owns_slot(n.port, slot))
+            .map(|n| n.port)
+            .expect("a master owns the slot")
+    }
+
+    pub fn node_mut(&mut self, port: u16) -> &mut RedisServer {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("node")
+    }
+}
+
+/// Whether the node at `port` serves `slot` itself (not by redirection).
+fn owns_slot(port: u16, slot: u16) -> bool {
+    let nodes = cli(port, &["CLUSTER", "NODES"]);
+    nodes.lines().filter(|l| l.contains("myself")).any(|line| {
+        line.split_whitespace()
+            .skip(8)
+            .any(|range| match range.split_once('-') {
+                Some((a, b)) => {
+                    a.parse::<u16>().is_ok_and(|a| a <= slot)
+                        && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                }
+                None => range.parse::<u16>().is_ok_and(|s| s == slot),
+            })
+    })
+}
+
+/// A master, one replica and three sentinels monitoring them as `mymaster`.
+pub struct RedisSentinel {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    pub sentinels: Vec<RedisServer>,
+}
+
+impl RedisSentinel {
+    pub fn start() -> RedisSentinel {
+        let master = RedisServer::start();
+        let replica = RedisServer::start_with(&[]);
+        cli(
+            replica.port,
+            &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
+        );
+        let sentinels = (0..3)
+            .map(|_| {
+                require_redis();
+                let dir = tempfile::tempdir().expect("temp dir").keep();
+                let port = free_port();
+                let conf = dir.join("sentinel.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 2\n\
+                         sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n",
+                        dir.display(),
+                        master.port
+                    ),
+                )
+                .expect("write sentinel.conf");
+                let child = Command::new("redis-server")
+                    .arg(&conf)
+                    .arg("--sentinel")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start sentinel");
+                let server = RedisServer {
+                    port,
+                    child: Some(child),
+                    dir,
+                    extra: Vec::new(),
+                };
+                wait_until("sentinel to answer", Duration::from_secs(10), || cli(port, &["PING"]) == "PONG");
+                server
+            })
+            .collect();
+        let setup = RedisSentinel {
+            master,
+            replica,
+            sentinels,
+        };
+        let master_port = setup.master.port.to_string();
+        let first = setup.sentinels[0].port;
+        wait_until(
+            "sentinel to know the master",
+            Duration::from_secs(10),
+            || {
+                cli(first, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"])
+                    .contains(&master_port)
+            },
+        );
+        setup
+    }
+
+    pub fn sentinel_addrs(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect()
+    }
+}

@@ -1,0 +1,722 @@
+//! The Redis store against real `redis-server` processes: the scripts decide exactly like the
+//! in-memory model, keys are distinct and expire, replicas share one budget and one clock, and
+//! failures (a stopped Redis, a killed cluster master) are answered within the deadline.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisSentinel, RedisServer, cli, wait_until};
+use common::{TestServer, request};
+use portcullis::clock::ManualClock;
+use portcullis::limiter::{Algorithm, Check, FailureMode, Limit, key};
+use portcullis::pb::rate_limit_response::Code;
+use portcullis::settings::{Settings, StoreKind};
+use portcullis::store::redis::{RedisConfig, ScriptClock, Topology};
+use portcullis::store::{MemoryStore, RedisStore};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// 2100-01-01: a fixed script clock in the future, so keys never expire by wall time mid-test.
+const FUTURE_US: u64 = 4_102_444_800_000_000;
+
+fn config(topology: Topology) -> RedisConfig {
+    RedisConfig {
+        topology,
+        tls: false,
+        username: None,
+        password: None,
+        pool_size: 2,
+        timeout: Duration::from_secs(2),
+    }
+}
+
+/// xorshift64*: reproducible random sequences without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+const WINDOWS_US: [u64; 4] = [1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000];
+const ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::SlidingWindow,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&config(Topology::Standalone(redis.url())), "model:").unwrap();
+    let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
+    let mut rng = Rng(0x5EED_1234_ABCD_0001);
+    let mut compared = 0;
+    for case in 0..90u64 {
+        // One to three descriptors per call, algorithms mixed: the multi-key script path.
+        let limits: Vec<Limit> = (0..1 + rng.below(3))
+            .map(|i| {
+                let algorithm = ALGORITHMS[((case + i) % 3) as usize];
+                let span = if rng.below(4) == 0 { 5000 } else { 20 };
+                let requests = 1 + rng.below(span);
+                Limit {
+                    algorithm,
+                    requests,
+                    window_us: WINDOWS_US[rng.below(4) as usize],
+                    burst: if algorithm == Algorithm::TokenBucket {
+                        1 + rng.below(requests * 2)
+                    } else {
+                        requests
+                    },
+                }
+            })
+            .collect();
+        let mut now = FUTURE_US + rng.below(86_400_000_000);
+        for step in 0..60 {
+            let window = limits[0].window_us;
+            now += match rng.below(4) {
+                0 => 0,
+                1 => rng.below(1000),
+                2 => rng.below(window / 5),
+                _ => rng.below(window * 2),
+            };
+            let checks: Vec<Check> = limits
+                .iter()
+                .enumerate()
+                .map(|(i, limit)| Check {
+                    key: key::counter_key(
+                        "model",
+                        [("case", case.to_string().as_str()), ("d", &i.to_string())],
+                        limit,
+                        None,
+                    ),
+                    limit: *limit,
+                    hits: match rng.below(10) {
+                        0 => 0,
+                        1 => u64::MAX,
+                        2 => limit.capacity() + 1,
+                        _ => 1 + rng.below(limit.capacity().min(6)),
+                    },
+                })
+                .collect();
+            let from_redis = store
+                .check_with_clock(&checks, ScriptClock::Fixed(now))
+                .await
+                .expect("redis answers");
+            let from_memory: Vec<_> = checks.iter().map(|c| memory.check_at(c, now)).collect();
+            assert_eq!(
+                from_redis, from_memory,
+                "case {case} step {step} at {now}: {checks:?}"
+            );
+            compared += checks.len();
+        }
+    }
+    assert!(compared > 5000);
+}
+
+#[tokio::test]
+async fn the_production_path_reads_redis_time_not_the_callers_clock() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&config(Topology::Standalone(redis.url())), "t:").unwrap();
+    let limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        requests: 5,
+        window_us: 86_400_000_000,
+        burst: 5,
+    };
+    let check = Check {
+        key: "{clock}".into(),
+        limit,
+        hits: 1,
+    };
+    use portcullis::store::Store;
+    store.check(std::slice::from_ref(&check)).await.unwrap();
+    // The fixed window the script wrote is today's window by Redis' own TIME.
+    let time = cli(redis.port, &["TIME"]);
+    let redis_secs: u64 = time.lines().next().unwrap().parse().unwrap();
+    let stored_window: u64 = cli(redis.port, &["HGET", "t:{clock}", "w"])
+        .parse()
+        .unwrap();
+    assert_eq!(stored_window, redis_secs / 86_400);
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl_no_longer_than_its_rule_and_hostile_descriptors_never_share_one() {
+    let redis = RedisServer::start();
+    let server =
+        TestServer::start_with(&[("h.yaml", HOSTILE_RULES)], |s| redis_settings(s, &redis)).await;
+    let long = "x".repeat(64 * 1024);
+    let values = [
+        "a|b",
+        "a",
+        "b",
+        "}",
+        "{x}",
+        "x",
+        "=",
+        "a=b",
+        "line\nbreak",
+        "%7C",
+        "|",
+        "",
+        &long,
+    ];
+    for algo in ["sliding", "bucket", "fixed"] {
+        for value in values {
+            let r = server.ok(request("hostile", &[&[(algo, value)]])).await;
+            assert_eq!(
+                r.statuses[0].limit_remaining, 0,
+                "{algo} {value:?}: a fresh counter of 1"
+            );
+        }
+    }
+    // Through a client, not redis-cli: one of the keys holds a newline.
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(
+        keys.len(),
+        3 * values.len(),
+        "one distinct key per descriptor"
+    );
+    for key in keys {
+        let shown = String::from_utf8_lossy(&key[..key.len().min(60)]).into_owned();
+        assert!(key.starts_with(b"portcullis:{hostile|"), "{shown}");
+        let ttl_ms: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+        assert!(ttl_ms > 0, "{shown} has no TTL ({ttl_ms})");
+        // One hour, plus a tenth for the sliding window's last sub-window.
+        assert!(
+            ttl_ms <= 3_960_000,
+            "{shown}: {ttl_ms} ms is longer than its rule needs"
+        );
+    }
+    server.stop().await;
+}
+
+const HOSTILE_RULES: &str = r#"
+domain: hostile
+descriptors:
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket}
+  - key: fixed
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
+"#;
+
+fn redis_settings(s: &mut Settings, redis: &RedisServer) {
+    s.store = StoreKind::Redis;
+    s.redis_url = Some(redis.url());
+    s.store_timeout = Duration::from_secs(2);
+}
+
+#[tokio::test]
+async fn scripts_are_sent_again_after_the_node_forgets_them() {
+    let redis = RedisServer::start();
+    let server =
+        TestServer::start_with(&[("h.yaml", HOSTILE_RULES)], |s| redis_settings(s, &redis)).await;
+    assert_eq!(
+        server
+            .ok(request("hostile", &[&[("sliding", "n")]]))
+            .await
+            .overall_code,
+        OK
+    );
+    assert_eq!(cli(redis.port, &["SCRIPT", "FLUSH"]), "OK");
+    let r = server.ok(request("hostile", &[&[("sliding", "n")]])).await;
+    assert_eq!(
+        r.overall_code, OVER,
+        "the counter survived; the script was re-sent"
+    );
+    server.stop().await;
+}
+
+const SHARED_RULES: &str = r#"
+domain: shared
+descriptors:
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: token_bucket}
+  - key: fixed
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
+"#;
+
+/// 300 concurrent calls split across two service instances admit exactly 100 per algorithm.
+async fn two_instances_admit_exactly_the_limit(adjust: impl Fn(&mut Settings) + Copy) {
+    let a = TestServer::start_with(&[("s.yaml", SHARED_RULES)], adjust).await;
+    let b = TestServer::start_with(&[("s.yaml", SHARED_RULES)], adjust).await;
+    for key in ["sliding", "bucket", "fixed"] {
+        let calls: Vec<_> = (0..300)
+            .map(|i| {
+                let mut client = if i % 2 == 0 {
+                    a.client.clone()
+                } else {
+                    b.client.clone()
+                };
+                tokio::spawn(async move {
+                    client
+                        .should_rate_limit(request("shared", &[&[(key, "one")]]))
+                        .await
+                        .map(|r| r.into_inner().overall_code)
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for call in calls {
+            if call.await.unwrap().expect("answered") == OK {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 100, "{key}");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_standalone_redis_share_one_budget() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    two_instances_admit_exactly_the_limit(|s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url.clone());
+        s.store_timeout = Duration::from_secs(5);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_cluster_share_one_budget_and_each_key_has_one_slot() {
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    two_instances_admit_exactly_the_limit(|s| {
+        s.store = StoreKind::Redis;
+        s.redis_cluster = seeds.clone();
+        s.store_timeout = Duration::from_secs(5);
+    })
+    .await;
+    // Each key's slot is its hash tag's, and the key lives on the master serving that slot.
+    for algo in ["sliding", "bucket", "fixed"] {
+        let tag = format!("shared|{algo}=one");
+        let port = cluster.master_of(&format!("{{{tag}}}"));
+        let keys = cli(port, &["--raw", "KEYS", &format!("portcullis:{{{tag}}}*")]);
+        assert_eq!(keys.lines().count(), 1, "{algo}: {keys}");
+        let key = keys.lines().next().unwrap();
+        assert_eq!(
+            cli(port, &["CLUSTER", "KEYSLOT", key]),
+            cli(port, &["CLUSTER", "KEYSLOT", &tag])
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_host_clock_is_45s_off_still_shares_the_budget() {
+    assert!(
+        std::process::Command::new("faketime")
+            .arg("--help")
+            .output()
+            .is_ok(),
+        "faketime is not installed: apt-get install faketime (scripts/test installs it)"
+    );
+    // The fake clock really is off for processes started under it.
+    let shifted: u64 = String::from_utf8(
+        std::process::Command::new("faketime")
+            .args(["-f", "+45s", "date", "+%s"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let real = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(shifted >= real + 40, "faketime did not shift the clock");
+
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("r.yaml"), CLOCK_RULES).unwrap();
+    let honest = Portcullis::spawn(dir.path(), &redis, None);
+    let skewed = Portcullis::spawn(dir.path(), &redis, Some("+45s"));
+    let redis_now_us = || {
+        let time = cli(redis.port, &["TIME"]);
+        let mut parts = time.lines().map(|l| l.parse::<u64>().unwrap());
+        parts.next().unwrap() * 1_000_000 + parts.next().unwrap()
+    };
+    let before_us = redis_now_us();
+    for key in ["sliding", "bucket"] {
+        let mut admitted = 0;
+        for i in 0..40 {
+            let server = if i % 2 == 0 { &honest } else { &skewed };
+            if server.ask(key) == "OK" {
+                admitted += 1;
+            }
+        }
+        assert_eq!(
+            admitted, 10,
+            "{key}: exactly the limit, whichever replica answered"
+        );
+    }
+    // Every sub-window the replicas wrote is one of Redis' clock during the test: a replica
+    // counting by its host clock would have written one 7 or 8 sub-windows (45 s) ahead.
+    let after_us = redis_now_us();
+    let sub_us = 6_000_000;
+    let fields = cli(
+        redis.port,
+        &["HKEYS", "portcullis:{clock|sliding=x}:sw:60000000us"],
+    );
+    assert!(!fields.is_empty());
+    for field in fields.lines() {
+        let index: u64 = field.parse().unwrap();
+        assert!(
+            (before_us / sub_us..=after_us / sub_us).contains(&index),
+            "sub-window {index} is not Redis' time"
+        );
+    }
+}
+
+const CLOCK_RULES: &str = r#"
+domain: clock
+descriptors:
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  # One token per 30 s: a replica whose clock ran 45 s ahead would see one more token.
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: token_bucket, burst: 10}
+"#;
+
+/// A `portcullis serve` process (optionally under faketime), stopped when dropped.
+struct Portcullis {
+    child: std::process::Child,
+    grpc: String,
+}
+
+impl Portcullis {
+    fn spawn(
+        rules: &std::path::Path,
+        redis: &RedisServer,
+        fake_offset: Option<&str>,
+    ) -> Portcullis {
+        let grpc_port = common::redis::free_port();
+        let admin_port = common::redis::free_port();
+        let bin = env!("CARGO_BIN_EXE_portcullis");
+        let mut cmd = match fake_offset {
+            Some(offset) => {
+                let mut c = std::process::Command::new("faketime");
+                c.args(["-f", offset, bin]);
+                c
+            }
+            None => std::process::Command::new(bin),
+        };
+        cmd.args([
+            "serve",
+            "--store",
+            "redis",
+            "--store-timeout",
+            "2s",
+            "--redis-url",
+            &redis.url(),
+        ])
+        .arg("--config")
+        .arg(rules)
+        .args([
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc_port}"),
+            "--admin-addr",
+            &format!("127.0.0.1:{admin_port}"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        let child = cmd.spawn().expect("start portcullis");
+        let p = Portcullis {
+            child,
+            grpc: format!("http://127.0.0.1:{grpc_port}"),
+        };
+        wait_until("portcullis to listen", Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", grpc_port)).is_ok()
+        });
+        p
+    }
+
+    /// The overall code for one hit on `key`, through the `ask` subcommand (a separate client).
+    fn ask(&self, key: &str) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .args([
+                "ask",
+                "--addr",
+                &self.grpc,
+                "--domain",
+                "clock",
+                "-d",
+                &format!("{key}=x"),
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("overall: ")
+            .to_owned()
+    }
+}
+
+impl Drop for Portcullis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const FAIL_RULES: &str = r#"
+domain: fail
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 2}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_answers_by_failure_mode_within_the_deadline_and_recovers_without_restart() {
+    let deadline = Duration::from_millis(200);
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let mut servers = Vec::new();
+    for mode in [FailureMode::Allow, FailureMode::Deny, FailureMode::Local] {
+        let url = url.clone();
+        let server = TestServer::start_with(&[("f.yaml", FAIL_RULES)], move |s| {
+            s.store = StoreKind::Redis;
+            s.redis_url = Some(url);
+            s.store_timeout = deadline;
+            s.failure_mode = mode;
+        })
+        .await;
+        servers.push((mode, server));
+    }
+    // Healthy: Redis counts.
+    for (mode, server) in &servers {
+        let r = server
+            .ok(request("fail", &[&[("k", &format!("{mode:?}"))]]))
+            .await;
+        assert_eq!(r.statuses[0].limit_remaining, 1, "{mode:?}");
+    }
+    redis.kill();
+    for (mode, server) in &servers {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            let started = Instant::now();
+            let r = server.ok(request("fail", &[&[("k", "down")]])).await;
+            assert!(
+                started.elapsed() < deadline + Duration::from_millis(400),
+                "{mode:?} took {:?}",
+                started.elapsed()
+            );
+            codes.push(r.overall_code);
+        }
+        let expected = match mode {
+            FailureMode::Allow => [OK, OK, OK],
+            FailureMode::Deny => [OVER, OVER, OVER],
+            // The local limiter counts on its own: 2 per hour.
+            FailureMode::Local => [OK, OK, OVER],
+        };
+        assert_eq!(codes, expected, "{mode:?}");
+    }
+    // Back on the same port (empty): decisions come from Redis again, with no restart.
+    redis.restart();
+    for (mode, server) in &servers {
+        let start = Instant::now();
+        let mut attempt = 0;
+        let descriptor = loop {
+            // A fresh descriptor each time: whether Redis or the failure mode answered shows in Redis.
+            let descriptor = format!("back-{mode:?}-{attempt}");
+            let r = server.ok(request("fail", &[&[("k", &descriptor)]])).await;
+            let key = format!("portcullis:{{fail|k={descriptor}}}:sw:3600000000us");
+            if cli(redis.port, &["EXISTS", &key]) == "1" && r.statuses[0].limit_remaining == 1 {
+                break descriptor;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{mode:?} did not recover"
+            );
+            attempt += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let r = server.ok(request("fail", &[&[("k", &descriptor)]])).await;
+        assert_eq!(
+            (r.overall_code, r.statuses[0].limit_remaining),
+            (OK, 0),
+            "{mode:?}"
+        );
+        let r = server.ok(request("fail", &[&[("k", &descriptor)]])).await;
+        assert_eq!(r.overall_code, OVER, "{mode:?}: Redis counts again");
+    }
+    for (_, server) in servers {
+        server.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_without_redis_and_connects_when_it_appears() {
+    let port = common::redis::free_port();
+    let server = TestServer::start_with(&[("f.yaml", FAIL_RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(format!("redis://127.0.0.1:{port}"));
+        s.store_timeout = Duration::from_millis(200);
+        s.failure_mode = FailureMode::Deny;
+    })
+    .await;
+    let r = server.ok(request("fail", &[&[("k", "x")]])).await;
+    assert_eq!(r.overall_code, OVER, "fail closed while Redis is away");
+    let redis = RedisServer::start_on(port);
+    let start = Instant::now();
+    loop {
+        let r = server.ok(request("fail", &[&[("k", "x")]])).await;
+        if r.overall_code == OK {
+            assert_eq!(r.statuses[0].limit_remaining, 1);
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never connected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(cli(redis.port, &["DBSIZE"]), "1");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_cluster_master_is_answered_within_the_deadline_and_its_replica_takes_over() {
+    let deadline = Duration::from_millis(250);
+    let mut cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    let server = TestServer::start_with(&[("f.yaml", FAIL_RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_cluster = seeds;
+        s.store_timeout = deadline;
+        s.failure_mode = FailureMode::Allow;
+    })
+    .await;
+    // Warm up: the cluster answers and counts.
+    let r = server.ok(request("fail", &[&[("k", "probe-0")]])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    let victim = cluster.master_of("{fail|k=probe-0}");
+    // Descriptors whose slots the victim serves: the load keeps hitting the failing shard.
+    let probes: Vec<String> = (1..2000)
+        .map(|n| format!("probe-{n}"))
+        .filter(|p| cluster.master_of(&format!("{{fail|k={p}}}")) == victim)
+        .take(400)
+        .collect();
+    assert!(probes.len() > 50);
+    let probe = |n: usize| probes[n % probes.len()].clone();
+    let replica = cluster
+        .nodes
+        .iter()
+        .find(|n| {
+            cli(n.port, &["ROLE"]).lines().next() == Some("slave")
+                && cli(n.port, &["ROLE"]).contains(&victim.to_string())
+        })
+        .map(|n| n.port)
+        .expect("the victim's replica");
+    cluster.node_mut(victim).kill();
+
+    // Steady load until the replica is promoted and a fresh descriptor is decided by the cluster.
+    let start = Instant::now();
+    let mut n = 1;
+    let mut promoted_at = None;
+    loop {
+        let call_start = Instant::now();
+        let r = server.ok(request("fail", &[&[("k", &probe(n))]])).await;
+        assert!(
+            call_start.elapsed() < deadline + Duration::from_millis(500),
+            "call took {:?}",
+            call_start.elapsed()
+        );
+        if promoted_at.is_none() && cli(replica, &["ROLE"]).lines().next() == Some("master") {
+            promoted_at = Some(Instant::now());
+        }
+        if let Some(at) = promoted_at {
+            // Correct again: the first hit of a new descriptor leaves 1 of 2, the counter is in Redis.
+            if r.statuses[0].limit_remaining == 1 {
+                let again = server.ok(request("fail", &[&[("k", &probe(n))]])).await;
+                let third = server.ok(request("fail", &[&[("k", &probe(n))]])).await;
+                if again.statuses[0].limit_remaining == 0 && third.overall_code == OVER {
+                    assert!(
+                        at.elapsed() < Duration::from_secs(10),
+                        "took {:?} after promotion",
+                        at.elapsed()
+                    );
+                    break;
+                }
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "no recovery after the master was killed"
+        );
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The promoted node runs the script: it was sent to it with EVAL on NOSCRIPT.
+    let sha = portcullis::store::redis::script::SHA.as_str();
+    assert_eq!(cli(replica, &["SCRIPT", "EXISTS", sha]), "1");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_finds_the_master_and_follows_a_failover() {
+    let mut setup = RedisSentinel::start();
+    let sentinels = setup.sentinel_addrs();
+    let server = TestServer::start_with(&[("f.yaml", FAIL_RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_sentinel = sentinels;
+        s.redis_master = Some("mymaster".into());
+        s.store_timeout = Duration::from_millis(500);
+        s.failure_mode = FailureMode::Deny;
+    })
+    .await;
+    let r = server.ok(request("fail", &[&[("k", "s")]])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(cli(setup.master.port, &["DBSIZE"]), "1");
+
+    setup.master.kill();
+    let replica = setup.replica.port;
+    let start = Instant::now();
+    let mut n = 0;
+    loop {
+        let r = server
+            .ok(request("fail", &[&[("k", &format!("after-{n}"))]]))
+            .await;
+        if r.overall_code == OK
+            && r.statuses[0].limit_remaining == 1
+            && cli(replica, &["ROLE"]).starts_with("master")
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no failover");
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        cli(
+            replica,
+            &[
+                "EXISTS",
+                &format!("portcullis:{{fail|k=after-{n}}}:sw:3600000000us")
+            ]
+        ) == "1"
+    );
+    server.stop().await;
+}
