@@ -155,14 +155,17 @@ pub struct Settings {
     /// Connect to Redis over TLS (rustls, system trust roots).
     #[arg(long, env = "PORTCULLIS_REDIS_TLS")]
     pub redis_tls: bool,
+    /// PEM file of the CA that signed the Redis servers' certificates (default: system roots).
+    #[arg(long, env = "PORTCULLIS_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
     /// Redis ACL user.
     #[arg(long, env = "PORTCULLIS_REDIS_USER")]
     pub redis_user: Option<String>,
     /// Redis password (prefer the environment variable: command lines are visible to others).
     #[arg(long, env = "PORTCULLIS_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<Secret>,
-    /// Connections in the standalone/Sentinel pool (each multiplexed).
-    #[arg(long, env = "PORTCULLIS_REDIS_POOL_SIZE", default_value_t = 4)]
+    /// Connections in the standalone/Sentinel pool (each multiplexed; see BENCHMARKS.md).
+    #[arg(long, env = "PORTCULLIS_REDIS_POOL_SIZE", default_value_t = 2)]
     pub redis_pool_size: u32,
     /// Prefix of every Redis key, so deployments can share a Redis.
     #[arg(long, env = "PORTCULLIS_KEY_PREFIX", default_value = "portcullis:")]
@@ -224,9 +227,10 @@ impl Settings {
             redis_sentinel: Vec::new(),
             redis_master: None,
             redis_tls: false,
+            redis_ca_file: None,
             redis_user: None,
             redis_password: None,
-            redis_pool_size: 4,
+            redis_pool_size: 2,
             key_prefix: "portcullis:".into(),
             store_timeout: Duration::from_secs(2),
             failure_mode: FailureMode::Allow,

@@ -26,6 +26,7 @@ fn config(topology: Topology) -> RedisConfig {
     RedisConfig {
         topology,
         tls: false,
+        ca_pem: None,
         username: None,
         password: None,
         pool_size: 2,
@@ -717,6 +718,142 @@ async fn sentinel_finds_the_master_and_follows_a_failover() {
                 &format!("portcullis:{{fail|k=after-{n}}}:sw:3600000000us")
             ]
         ) == "1"
+    );
+    server.stop().await;
+}
+
+/// A CA and a server certificate for 127.0.0.1, made with the openssl command line.
+fn make_certs(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=portcullis-test-ca",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &[
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "ext",
+    ]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_private_ca_and_an_acl_user() {
+    let certs = tempfile::tempdir().unwrap();
+    make_certs(certs.path());
+    let tls_port = common::redis::free_port();
+    let path = |name: &str| certs.path().join(name).display().to_string();
+    let redis = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &path("server.crt"),
+        "--tls-key-file",
+        &path("server.key"),
+        "--tls-ca-cert-file",
+        &path("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+        "--user",
+        "limiter",
+        "on",
+        ">s3cret",
+        "~*",
+        "+@all",
+    ]);
+    let ca = certs.path().join("ca.crt");
+    let start = |password: &'static str| {
+        let ca = ca.clone();
+        TestServer::start_with(&[("f.yaml", FAIL_RULES)], move |s| {
+            s.store = StoreKind::Redis;
+            s.redis_url = Some(format!("rediss://127.0.0.1:{tls_port}"));
+            s.redis_ca_file = Some(ca);
+            s.redis_user = Some("limiter".into());
+            s.redis_password = Some(portcullis::settings::Secret(password.into()));
+            s.store_timeout = Duration::from_secs(2);
+            s.failure_mode = FailureMode::Deny;
+        })
+    };
+    let server = start("s3cret").await;
+    let r = server.ok(request("fail", &[&[("k", "tls")]])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 1));
+    assert_eq!(
+        cli(
+            redis.port,
+            &["EXISTS", "portcullis:{fail|k=tls}:sw:3600000000us"]
+        ),
+        "1"
+    );
+    server.stop().await;
+
+    // A wrong password is refused by Redis: the failure mode answers, nothing is counted.
+    let server = start("wrong").await;
+    let r = server.ok(request("fail", &[&[("k", "tls-wrong")]])).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(
+        cli(
+            redis.port,
+            &["EXISTS", "portcullis:{fail|k=tls-wrong}:sw:3600000000us"]
+        ),
+        "0"
     );
     server.stop().await;
 }

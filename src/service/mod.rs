@@ -175,9 +175,19 @@ fn redis_config(settings: &Settings) -> Result<RedisConfig, StartError> {
             ));
         }
     };
+    let ca_pem = match &settings.redis_ca_file {
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            StartError::Settings(format!(
+                "cannot read --redis-ca-file {}: {e}",
+                path.display()
+            ))
+        })?),
+        None => None,
+    };
     Ok(RedisConfig {
         topology,
-        tls: settings.redis_tls,
+        tls: settings.redis_tls || ca_pem.is_some(),
+        ca_pem,
         username: settings.redis_user.clone(),
         password: settings.redis_password.as_ref().map(|s| s.0.clone()),
         pool_size: settings.redis_pool_size,

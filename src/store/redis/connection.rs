@@ -8,13 +8,15 @@
 //! connection asks the sentinels for the current master, so a failover heals the same way.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisError, TlsMode,
+    AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisError,
+    TlsCertificates, TlsMode,
 };
 
 /// How to reach Redis.
@@ -36,6 +38,8 @@ pub enum Topology {
 pub struct RedisConfig {
     pub topology: Topology,
     pub tls: bool,
+    /// PEM root certificate(s) to trust instead of the system's (a private CA).
+    pub ca_pem: Option<Vec<u8>>,
     pub username: Option<String>,
     pub password: Option<String>,
     /// Connections in the standalone/Sentinel pool.
@@ -56,6 +60,7 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("topology", &topology)
             .field("tls", &self.tls)
+            .field("ca", &self.ca_pem.as_ref().map(|_| "from file"))
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("pool_size", &self.pool_size)
@@ -118,10 +123,11 @@ pub struct Manager {
     config: AsyncConnectionConfig,
 }
 
-/// A pooled connection and whether it failed at the connection level.
+/// A pooled connection and whether it failed at the connection level. The flag is shared with
+/// the clones callers use, so a failure seen on a clone retires the pooled connection.
 pub struct PooledConn {
     pub conn: MultiplexedConnection,
-    pub broken: bool,
+    pub broken: Arc<AtomicBool>,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -138,7 +144,7 @@ impl bb8::ManageConnection for Manager {
             .await?;
         Ok(PooledConn {
             conn,
-            broken: false,
+            broken: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -147,7 +153,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut PooledConn) -> bool {
-        conn.broken
+        conn.broken.load(Ordering::Relaxed)
     }
 }
 
@@ -174,6 +180,12 @@ impl Backend {
     /// failure mode) while Redis is still away, and connects in the background.
     pub fn new(config: &RedisConfig) -> Result<Backend, RedisError> {
         let tls_mode = config.tls.then_some(TlsMode::Secure);
+        let certs = || {
+            config.ca_pem.clone().map(|pem| TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            })
+        };
         match &config.topology {
             Topology::Standalone(url) => {
                 let mut info = url.as_str().into_connection_info()?;
@@ -191,7 +203,10 @@ impl Backend {
                     redis_info = redis_info.set_password(password);
                 }
                 let info = info.set_redis_settings(redis_info);
-                let client = redis::Client::open(info)?;
+                let client = match certs() {
+                    Some(certs) => redis::Client::build_with_tls(info, certs)?,
+                    None => redis::Client::open(info)?,
+                };
                 Ok(Backend::Pool(Self::pool(Target::Direct(client), config)))
             }
             Topology::Sentinel { sentinels, master } => {
@@ -203,6 +218,9 @@ impl Backend {
                     SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?;
                 if let Some(mode) = tls_mode {
                     builder = builder.set_client_to_redis_tls_mode(mode);
+                }
+                if let Some(certs) = certs() {
+                    builder = builder.set_client_to_redis_certificates(certs);
                 }
                 if let Some(user) = &config.username {
                     builder = builder.set_client_to_redis_username(user);
@@ -236,6 +254,9 @@ impl Backend {
                 if let Some(mode) = tls_mode {
                     builder = builder.tls(mode);
                 }
+                if let Some(certs) = certs() {
+                    builder = builder.certs(certs);
+                }
                 if let Some(user) = &config.username {
                     builder = builder.username(user);
                 }
@@ -266,9 +287,55 @@ impl Backend {
             .connection_timeout(config.timeout)
             .retry_connection(false)
             .reaper_rate(Duration::from_secs(5))
+            // Connections are handed back at once (see `checkout`): rotate through all of them.
+            .queue_strategy(bb8::QueueStrategy::Fifo)
             .build_unchecked(manager)
     }
 }
 
-/// A shareable handle to the backend.
-pub type SharedBackend = Arc<Backend>;
+/// A multiplexed connection to use, and the flag that retires it from the pool when it fails.
+///
+/// Why the pooled connection goes straight back: a multiplexed connection carries many requests
+/// at once, but a bb8 checkout is exclusive, so holding it for the call would allow only
+/// `pool_size` requests in flight and queue the rest (missing the deadline under load).
+pub async fn checkout(
+    pool: &bb8::Pool<Manager>,
+) -> Result<(MultiplexedConnection, Arc<AtomicBool>), bb8::RunError<RedisError>> {
+    let attempts = pool.state().connections as usize + 1;
+    for _ in 0..attempts {
+        let pooled = pool.get().await?;
+        if pooled.broken.load(Ordering::Relaxed) {
+            // Dropping it returns it, and bb8 discards it as broken; try the next one.
+            continue;
+        }
+        return Ok((pooled.conn.clone(), pooled.broken.clone()));
+    }
+    let pooled = pool.get().await?;
+    Ok((pooled.conn.clone(), pooled.broken.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_debug_output() {
+        let config = RedisConfig {
+            topology: Topology::Standalone("redis://user:hunter2@127.0.0.1:6379".into()),
+            tls: false,
+            ca_pem: None,
+            username: Some("user".into()),
+            password: Some("hunter2".into()),
+            pool_size: 1,
+            timeout: Duration::from_millis(5),
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("redis://user:<redacted>@127.0.0.1:6379"),
+            "{shown}"
+        );
+        let settings = crate::settings::Secret("hunter2".into());
+        assert_eq!(format!("{settings:?}"), "<redacted>");
+    }
+}

@@ -99,14 +99,15 @@ impl RedisStore {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pooled = pool
-            .get()
+        let (mut conn, broken) = connection::checkout(pool)
             .await
             .map_err(|e| unavailable("redis connection", e))?;
-        let result = self.eval(&mut pooled.conn, checks, clock).await;
-        if let Err(e) = &result {
+        let result = self.eval(&mut conn, checks, clock).await;
+        if let Err(e) = &result
+            && breaks_connection(e)
+        {
             // Let bb8 replace the connection rather than hand it out again.
-            pooled.broken = breaks_connection(e);
+            broken.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         result.map_err(store_error)
     }

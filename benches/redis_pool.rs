@@ -1,0 +1,100 @@
+//! How many pooled connections the standalone Redis store should hold: throughput of the store
+//! with pools of 1, 2, 4 and 8 multiplexed connections under 64 concurrent callers, each reported
+//! as a ratio to the 1-connection pool measured in the same run, against a redis-server this
+//! benchmark starts on a loopback port.
+//!
+//!   cargo bench --bench redis_pool          full run (prints the table)
+//!   cargo test --benches                    a short smoke run (checks it works, measures nothing)
+
+#[path = "../tests/common/redis.rs"]
+mod harness;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use portcullis::limiter::{Algorithm, Check, Limit, key};
+use portcullis::store::redis::{RedisConfig, Topology};
+use portcullis::store::{RedisStore, Store};
+
+const CALLERS: usize = 64;
+
+async fn calls_per_second(url: &str, pool_size: u32, calls_per_caller: usize) -> f64 {
+    let config = RedisConfig {
+        topology: Topology::Standalone(url.to_owned()),
+        tls: false,
+        ca_pem: None,
+        username: None,
+        password: None,
+        pool_size,
+        timeout: Duration::from_secs(5),
+    };
+    let store = Arc::new(RedisStore::new(&config, &format!("bench{pool_size}:")).expect("store"));
+    let limit = Limit {
+        algorithm: Algorithm::SlidingWindow,
+        requests: 1_000_000_000,
+        window_us: 60_000_000,
+        burst: 1_000_000_000,
+    };
+    // Warm the pool so connection set-up is not measured.
+    for _ in 0..pool_size * 4 {
+        let check = Check {
+            key: key::counter_key("bench", [("warm", "up")], &limit, None),
+            limit,
+            hits: 1,
+        };
+        store
+            .check(std::slice::from_ref(&check))
+            .await
+            .expect("warm-up");
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CALLERS)
+        .map(|caller| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let value = caller.to_string();
+                let check = Check {
+                    key: key::counter_key("bench", [("caller", value.as_str())], &limit, None),
+                    limit,
+                    hits: 1,
+                };
+                for _ in 0..calls_per_caller {
+                    store
+                        .check(std::slice::from_ref(&check))
+                        .await
+                        .expect("redis answers");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("caller");
+    }
+    (CALLERS * calls_per_caller) as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let redis = harness::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let calls_per_caller = if full { 1_500 } else { 10 };
+    runtime.block_on(async {
+        let baseline = calls_per_second(&redis.url(), 1, calls_per_caller).await;
+        if !full {
+            println!("redis_pool smoke run: {baseline:.0} calls/s with one connection");
+            return;
+        }
+        println!(
+            "store calls/s, {CALLERS} concurrent callers, {} calls each",
+            calls_per_caller
+        );
+        println!("pool 1: {baseline:>9.0} calls/s  (baseline)");
+        for pool in [2, 4, 8] {
+            let rate = calls_per_second(&redis.url(), pool, calls_per_caller).await;
+            println!("pool {pool}: {rate:>9.0} calls/s  {:.2}x", rate / baseline);
+        }
+    });
+}
