@@ -1,26 +1,72 @@
-//! The admin HTTP listener: `/healthz` (the process answers; never depends on a store),
-//! `/readyz` (rules are loaded) and `/rlconfig` (the loaded rules, one line per limit).
+//! The admin HTTP listener:
+//! - `/healthz`: the process answers (liveness; never depends on a store),
+//! - `/readyz`: rules loaded and not draining; the store's state is reported in the body and fails
+//!   readiness only with `--ready-requires-store`,
+//! - `/rlconfig`: the rules in force, one line per limit,
+//! - `/metrics`: Prometheus (OpenMetrics text),
+//! - `/json`: POST a proto3-JSON RateLimitRequest, get the JSON response (200 OK, 429 over the
+//!   limit, 400 bad input, 503 store unavailable), for curl users.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::State;
-use axum::routing::get;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 
+use crate::limiter::Limiter;
 use crate::rules::Snapshot;
+use crate::service::{RateLimiter, json};
+use crate::telemetry::Metrics;
 
 #[derive(Clone)]
 pub struct AdminState {
     pub rules: Arc<ArcSwap<Snapshot>>,
+    pub limiter: Arc<Limiter>,
+    pub service: Arc<RateLimiter>,
+    pub metrics: Arc<Metrics>,
+    pub draining: Arc<AtomicBool>,
+    pub ready_requires_store: bool,
 }
 
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(|| async { "ready\n" }))
+        .route("/readyz", get(readyz))
         .route("/rlconfig", get(rlconfig))
+        .route("/metrics", get(metrics))
+        .route("/json", post(json_call))
         .with_state(state)
+}
+
+async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
+    let rules = state.rules.load();
+    let loaded_secs = rules
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut body = format!(
+        "rules: {} rule(s) from {} file(s), loaded at {loaded_secs} (unix)\n",
+        rules.rules().len(),
+        rules.files.len()
+    );
+    let store = state.limiter.store_ready().await;
+    let store_name = state.limiter.store_name();
+    match &store {
+        Ok(()) => body.push_str(&format!("store: {store_name} ok\n")),
+        Err(e) => body.push_str(&format!("store: {store_name} {e}\n")),
+    }
+    if state.draining.load(Ordering::Relaxed) {
+        body.push_str("draining: shutting down\n");
+        return (StatusCode::SERVICE_UNAVAILABLE, body);
+    }
+    if state.ready_requires_store && store.is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, body);
+    }
+    (StatusCode::OK, body)
 }
 
 async fn rlconfig(State(state): State<AdminState>) -> String {
@@ -31,4 +77,48 @@ async fn rlconfig(State(state): State<AdminState>) -> String {
         out.push('\n');
     }
     out
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn json_call(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let request = match json::request_from_json(&body) {
+        Ok(r) => r,
+        Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
+    };
+    match state.service.decide(&request).await {
+        Ok(response) => {
+            let status = if response.overall_code
+                == crate::pb::rate_limit_response::Code::OverLimit as i32
+            {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                json::response_to_json(&response),
+            )
+                .into_response()
+        }
+        Err(status) if status.code() == tonic::Code::InvalidArgument => {
+            json_error(StatusCode::BAD_REQUEST, status.message())
+        }
+        Err(status) => json_error(StatusCode::SERVICE_UNAVAILABLE, status.message()),
+    }
+}
+
+fn json_error(code: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({ "error": message }).to_string();
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

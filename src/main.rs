@@ -47,8 +47,8 @@ fn serve(settings: Settings) -> ExitCode {
             }
         };
         shutdown_signal().await;
-        tracing::info!("shutting down");
-        running.shutdown().await;
+        running.drain(settings.drain_period).await;
+        tracing::info!("stopped");
         ExitCode::SUCCESS
     })
 }

@@ -202,6 +202,18 @@ pub struct Settings {
     /// Largest request message accepted, in bytes.
     #[arg(long, env = "PORTCULLIS_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     pub max_message_bytes: usize,
+    /// Share of a limit above which allowed hits also count in the near_limit metric.
+    #[arg(long, env = "PORTCULLIS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
+    /// Make /readyz fail while the store does not answer (by default it only reports it).
+    #[arg(long, env = "PORTCULLIS_READY_REQUIRES_STORE")]
+    pub ready_requires_store: bool,
+    /// After SIGTERM/SIGINT: how long to keep answering while health reports NOT_SERVING.
+    #[arg(long, env = "PORTCULLIS_DRAIN_PERIOD", default_value = "5s", value_parser = parse_duration)]
+    pub drain_period: Duration,
+    /// How often the rules directory is checked for changes.
+    #[arg(long, env = "PORTCULLIS_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub reload_interval: Duration,
     /// Log level or filter (RUST_LOG syntax); RUST_LOG wins when set.
     #[arg(long, env = "PORTCULLIS_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -239,6 +251,10 @@ impl Settings {
             max_descriptors: 512,
             max_entries: 64,
             max_message_bytes: 1 << 20,
+            near_limit_ratio: 0.8,
+            ready_requires_store: false,
+            drain_period: Duration::from_millis(100),
+            reload_interval: Duration::from_millis(100),
             log_level: "warn".into(),
             log_format: LogFormat::Text,
         }

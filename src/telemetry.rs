@@ -17,3 +17,172 @@ pub fn init(level: &str, format: LogFormat) {
         LogFormat::Json => builder.json().try_init(),
     };
 }
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub domain: String,
+    /// The rule as configured (`domain.key_value.key`), or with the request's values when the
+    /// rule says `detailed_metric`: cardinality stays what the rules file allows.
+    pub rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+/// Every metric Portcullis exports, registered once; cheap to update from the request path.
+/// The README lists each with its envoyproxy/ratelimit counterpart.
+pub struct Metrics {
+    registry: Registry,
+    pub rule_hits: Family<RuleLabels, Counter>,
+    pub rule_over_limit: Family<RuleLabels, Counter>,
+    pub rule_near_limit: Family<RuleLabels, Counter>,
+    pub rule_within_limit: Family<RuleLabels, Counter>,
+    pub rule_shadow_mode: Family<RuleLabels, Counter>,
+    pub calls: Family<CodeLabels, Counter>,
+    pub call_seconds: Histogram,
+    pub store_seconds: Histogram,
+    pub store_errors: Family<KindLabels, Counter>,
+    pub failure_mode_answers: Family<ModeLabels, Counter>,
+    pub rules_reloads: Family<ResultLabels, Counter>,
+    pub rules_loaded_timestamp: Gauge<f64, AtomicU64>,
+    pub unknown_domain: Counter,
+    /// Share of the limit above which allowed hits also count as near the limit.
+    pub near_limit_ratio: f64,
+}
+
+impl Metrics {
+    pub fn new(near_limit_ratio: f64) -> Metrics {
+        let mut registry = Registry::with_prefix("portcullis");
+        let latency = || Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        let m = Metrics {
+            rule_hits: Family::default(),
+            rule_over_limit: Family::default(),
+            rule_near_limit: Family::default(),
+            rule_within_limit: Family::default(),
+            rule_shadow_mode: Family::default(),
+            calls: Family::default(),
+            call_seconds: latency(),
+            store_seconds: latency(),
+            store_errors: Family::default(),
+            failure_mode_answers: Family::default(),
+            rules_reloads: Family::default(),
+            rules_loaded_timestamp: Gauge::default(),
+            unknown_domain: Counter::default(),
+            near_limit_ratio,
+            registry: Registry::default(),
+        };
+        registry.register(
+            "rule_hits",
+            "Hits counted against a rule (hits_addend summed)",
+            m.rule_hits.clone(),
+        );
+        registry.register(
+            "rule_over_limit",
+            "Hits refused by a rule",
+            m.rule_over_limit.clone(),
+        );
+        registry.register(
+            "rule_near_limit",
+            "Hits allowed that left the rule's counter above the near-limit ratio",
+            m.rule_near_limit.clone(),
+        );
+        registry.register(
+            "rule_within_limit",
+            "Hits allowed by a rule",
+            m.rule_within_limit.clone(),
+        );
+        registry.register(
+            "rule_shadow_mode",
+            "Hits over a shadow-mode rule's limit (allowed because of shadow mode)",
+            m.rule_shadow_mode.clone(),
+        );
+        registry.register(
+            "grpc_calls",
+            "ShouldRateLimit calls by gRPC status code",
+            m.calls.clone(),
+        );
+        registry.register(
+            "grpc_call_duration_seconds",
+            "ShouldRateLimit latency",
+            m.call_seconds.clone(),
+        );
+        registry.register(
+            "store_duration_seconds",
+            "Latency of one store call",
+            m.store_seconds.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Store calls that failed, by kind (timeout, unavailable, protocol)",
+            m.store_errors.clone(),
+        );
+        registry.register(
+            "failure_mode_answers",
+            "Calls answered by the failure mode because the store failed",
+            m.failure_mode_answers.clone(),
+        );
+        registry.register(
+            "rules_reloads",
+            "Rule reloads by result (success, error)",
+            m.rules_reloads.clone(),
+        );
+        registry.register(
+            "rules_loaded_timestamp_seconds",
+            "When the rules in force were loaded (Unix time)",
+            m.rules_loaded_timestamp.clone(),
+        );
+        registry.register(
+            "unknown_domain",
+            "Calls for a domain no rules file defines",
+            m.unknown_domain.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn rules_loaded(&self, at: std::time::SystemTime) {
+        let secs = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.rules_loaded_timestamp.set(secs);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new(0.8)
+    }
+}

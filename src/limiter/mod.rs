@@ -11,10 +11,11 @@ pub mod sliding_window;
 pub mod token_bucket;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::store::{Store, StoreError};
+use crate::telemetry::{KindLabels, Metrics, ModeLabels};
 
 /// Microseconds per second, the unit every window is expressed in internally.
 pub const US_PER_SECOND: u64 = 1_000_000;
@@ -173,17 +174,6 @@ pub enum FailureMode {
     Local,
 }
 
-/// Counters of how the limiter answered, for metrics and tests.
-#[derive(Debug, Default)]
-pub struct LimiterStats {
-    /// Calls answered by the failure mode instead of the store.
-    pub failure_mode_answers: AtomicU64,
-    /// Store calls that missed the deadline.
-    pub store_timeouts: AtomicU64,
-    /// Store calls that failed otherwise.
-    pub store_errors: AtomicU64,
-}
-
 /// Turns resolved checks into decisions through a store, within a deadline, answering by the
 /// failure mode when the store cannot. Policy that is not storage lives here.
 pub struct Limiter {
@@ -191,13 +181,19 @@ pub struct Limiter {
     deadline: Duration,
     failure_mode: FailureMode,
     fallback: Option<Box<dyn Store>>,
-    pub stats: LimiterStats,
+    metrics: Arc<Metrics>,
 }
 
 impl Limiter {
     /// A limiter whose store is trusted to answer (the memory store).
-    pub fn new(store: Box<dyn Store>) -> Self {
-        Self::with_deadline(store, Duration::from_secs(3600), FailureMode::Allow, None)
+    pub fn new(store: Box<dyn Store>, metrics: Arc<Metrics>) -> Self {
+        Self::with_deadline(
+            store,
+            Duration::from_secs(3600),
+            FailureMode::Allow,
+            None,
+            metrics,
+        )
     }
 
     /// `fallback` serves `FailureMode::Local`.
@@ -206,13 +202,14 @@ impl Limiter {
         deadline: Duration,
         failure_mode: FailureMode,
         fallback: Option<Box<dyn Store>>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             store,
             deadline,
             failure_mode,
             fallback,
-            stats: LimiterStats::default(),
+            metrics,
         }
     }
 
@@ -220,21 +217,37 @@ impl Limiter {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
-        let error = match tokio::time::timeout(self.deadline, self.store.check(checks)).await {
+        let started = Instant::now();
+        let answer = tokio::time::timeout(self.deadline, self.store.check(checks)).await;
+        self.metrics
+            .store_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let (error, kind) = match answer {
             Ok(Ok(decisions)) => return Ok(decisions),
             Ok(Err(e)) => {
-                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
-                e
+                let kind = if e.is_transient() {
+                    "unavailable"
+                } else {
+                    "protocol"
+                };
+                (e, kind)
             }
-            Err(_) => {
-                self.stats.store_timeouts.fetch_add(1, Ordering::Relaxed);
-                StoreError::Unavailable(format!("no answer within {:?}", self.deadline))
-            }
+            Err(_) => (
+                StoreError::Unavailable(format!("no answer within {:?}", self.deadline)),
+                "timeout",
+            ),
         };
+        self.metrics
+            .store_errors
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
         tracing::warn!(error = %error, mode = ?self.failure_mode, store = self.store.name(), "store failed: answering by the failure mode");
-        self.stats
+        self.metrics
             .failure_mode_answers
-            .fetch_add(1, Ordering::Relaxed);
+            .get_or_create(&ModeLabels {
+                mode: format!("{:?}", self.failure_mode).to_lowercase(),
+            })
+            .inc();
         match (self.failure_mode, &self.fallback) {
             (FailureMode::Allow, _) => Ok(checks.iter().map(|c| failed_open(&c.limit)).collect()),
             (FailureMode::Deny, _) => Ok(checks.iter().map(|c| failed_closed(&c.limit)).collect()),
@@ -245,6 +258,17 @@ impl Limiter {
 
     pub fn store_name(&self) -> &'static str {
         self.store.name()
+    }
+
+    /// Whether the store answers a ping within the deadline (for `/readyz`).
+    pub async fn store_ready(&self) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.deadline, self.store.ping()).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer within {:?}",
+                self.deadline
+            ))),
+        }
     }
 }
 

@@ -81,7 +81,7 @@ fn plain_message(rendered: &str) -> String {
 }
 
 /// The rule files of a directory, sorted by name.
-fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, RulesError> {
+pub(crate) fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, RulesError> {
     let read = std::fs::read_dir(dir).map_err(|source| RulesError::Dir {
         dir: dir.to_path_buf(),
         source,

@@ -8,6 +8,7 @@
 
 pub mod glob;
 mod load;
+pub mod reload;
 mod yaml;
 
 use std::collections::HashMap;

@@ -2,6 +2,7 @@
 //! rules and a store. `start` binds both listeners and returns a handle that stops them; the
 //! binary and the end-to-end tests start the server the same way.
 
+pub mod json;
 pub mod response;
 pub mod rls;
 
@@ -17,6 +18,11 @@ use tokio::task::JoinHandle;
 pub use response::HeadersMode;
 pub use rls::{GrpcService, RateLimiter, ServiceConfig};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
 use crate::admin;
 use crate::clock::Clock;
 use crate::limiter::FailureMode;
@@ -26,6 +32,7 @@ use crate::rules::{self, RulesError};
 use crate::settings::{Settings, StoreKind};
 use crate::store::redis::{RedisConfig, Topology};
 use crate::store::{MemoryStore, RedisStore, Store};
+use crate::telemetry::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -40,16 +47,35 @@ pub enum StartError {
     },
 }
 
-/// A running server; dropping it does not stop it, `shutdown` does.
+/// A running server; dropping it does not stop it, `drain` or `shutdown` does.
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    pub metrics: Arc<Metrics>,
+    health: HealthReporter,
+    draining: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Running {
-    /// Stops accepting, lets in-flight calls finish, and waits for both listeners to close.
+    /// Graceful stop: report NOT_SERVING (gRPC health and `/readyz`) so that load balancers and
+    /// Envoy move away, keep answering for `period`, then stop accepting, let in-flight calls
+    /// finish, and return.
+    pub async fn drain(self, period: Duration) {
+        tracing::info!(?period, "draining: health reports NOT_SERVING");
+        self.draining.store(true, Ordering::Relaxed);
+        self.health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        self.health
+            .set_not_serving::<RateLimitServiceServer<GrpcService>>()
+            .await;
+        tokio::time::sleep(period).await;
+        self.shutdown().await;
+    }
+
+    /// Stops accepting, lets in-flight calls finish, and waits for every task to end.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         for task in self.tasks {
@@ -58,10 +84,12 @@ impl Running {
     }
 }
 
-/// Loads the rules, binds the listeners and serves until `shutdown`.
+/// Loads the rules, binds the listeners and serves until `drain` or `shutdown`.
 pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
     // TLS (Redis now, gRPC later) uses rustls with ring; a second install is a harmless no-op.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
+    let loaded_fingerprint = rules::reload::fingerprint(&settings.config).unwrap_or(0);
     let snapshot = rules::load_dir(&settings.config).map_err(|source| StartError::Rules {
         dir: settings.config.display().to_string(),
         source,
@@ -71,6 +99,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         domains = ?snapshot.domain_names(),
         "rules loaded"
     );
+    metrics.rules_loaded(snapshot.loaded_at);
     let rules = Arc::new(ArcSwap::from_pointee(snapshot));
 
     let memory = || {
@@ -79,7 +108,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         Box::new(store)
     };
     let limiter = match settings.store {
-        StoreKind::Memory => Limiter::new(memory()),
+        StoreKind::Memory => Limiter::new(memory(), metrics.clone()),
         StoreKind::Redis => {
             let config = redis_config(settings)?;
             tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");
@@ -92,6 +121,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
                 settings.store_timeout,
                 settings.failure_mode,
                 fallback,
+                metrics.clone(),
             )
         }
     };
@@ -102,7 +132,12 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         max_descriptors: settings.max_descriptors,
         max_entries: settings.max_entries,
     };
-    let service = Arc::new(RateLimiter::new(rules.clone(), limiter, config));
+    let service = Arc::new(RateLimiter::new(
+        rules.clone(),
+        limiter.clone(),
+        config,
+        metrics.clone(),
+    ));
 
     let grpc_listener = bind(settings.grpc_addr).await?;
     let admin_listener = bind(settings.admin_addr).await?;
@@ -114,7 +149,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     health
         .set_serving::<RateLimitServiceServer<GrpcService>>()
         .await;
-    let rls = RateLimitServiceServer::new(GrpcService(service))
+    let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
@@ -129,21 +164,40 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         }
     });
 
-    let app = admin::router(admin::AdminState { rules });
+    let draining = Arc::new(AtomicBool::new(false));
+    let app = admin::router(admin::AdminState {
+        rules: rules.clone(),
+        limiter,
+        service,
+        metrics: metrics.clone(),
+        draining: draining.clone(),
+        ready_requires_store: settings.ready_requires_store,
+    });
+    let admin_stopped = stopped.clone();
     let admin_task = tokio::spawn(async move {
         let served = axum::serve(admin_listener, app)
-            .with_graceful_shutdown(wait_for_stop(stopped))
+            .with_graceful_shutdown(wait_for_stop(admin_stopped))
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "admin server failed");
         }
     });
+    let reload_task = rules::reload::Reloader {
+        dir: settings.config.clone(),
+        rules,
+        metrics: metrics.clone(),
+        interval: settings.reload_interval,
+    }
+    .spawn(loaded_fingerprint, stopped);
     tracing::info!(%grpc_addr, %admin_addr, store = ?settings.store, "serving");
     Ok(Running {
         grpc_addr,
         admin_addr,
+        metrics,
+        health,
+        draining,
         stop,
-        tasks: vec![grpc_task, admin_task],
+        tasks: vec![grpc_task, admin_task, reload_task],
     })
 }
 

@@ -14,6 +14,7 @@ use crate::pb::{
     RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit, rate_limit_descriptor,
 };
 use crate::rules::{Entry, Lookup, Rule, Snapshot, Unit};
+use crate::telemetry::{CodeLabels, Metrics, RuleLabels};
 
 impl Entry for rate_limit_descriptor::Entry {
     fn key(&self) -> &str {
@@ -50,6 +51,7 @@ pub struct RateLimiter {
     rules: Arc<ArcSwap<Snapshot>>,
     limiter: Arc<Limiter>,
     config: ServiceConfig,
+    metrics: Arc<Metrics>,
 }
 
 impl RateLimiter {
@@ -57,11 +59,13 @@ impl RateLimiter {
         rules: Arc<ArcSwap<Snapshot>>,
         limiter: Arc<Limiter>,
         config: ServiceConfig,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             rules,
             limiter,
             config,
+            metrics,
         }
     }
 
@@ -95,7 +99,62 @@ impl RateLimiter {
         for p in planned.iter_mut().filter(|p| p.check.is_some()) {
             p.decision = decisions.next();
         }
+        self.count(&request.domain, &request.descriptors, &planned);
         Ok(response::build(&planned, &self.config))
+    }
+
+    /// Per-rule metrics, as envoyproxy/ratelimit counts them: in hits, not calls.
+    fn count(&self, domain: &str, descriptors: &[RateLimitDescriptor], planned: &[Planned]) {
+        if planned.iter().any(|p| p.unknown_domain) {
+            self.metrics.unknown_domain.inc();
+        }
+        for (p, d) in planned.iter().zip(descriptors) {
+            let Some(rule) = &p.rule else { continue };
+            let labels = RuleLabels {
+                domain: domain.to_owned(),
+                rule: if rule.detailed_metric {
+                    override_full_key(domain, &d.entries)
+                } else {
+                    rule.full_key.clone()
+                },
+            };
+            // Counters are u64; a pathological hits_addend must not wrap them.
+            let hits = p.hits.min(u64::from(u32::MAX));
+            self.metrics.rule_hits.get_or_create(&labels).inc_by(hits);
+            match p.decision {
+                None => {
+                    self.metrics
+                        .rule_within_limit
+                        .get_or_create(&labels)
+                        .inc_by(hits);
+                }
+                Some(decision) if decision.allowed => {
+                    self.metrics
+                        .rule_within_limit
+                        .get_or_create(&labels)
+                        .inc_by(hits);
+                    let used = decision.limit.saturating_sub(decision.remaining) as f64;
+                    if used > decision.limit as f64 * self.metrics.near_limit_ratio {
+                        self.metrics
+                            .rule_near_limit
+                            .get_or_create(&labels)
+                            .inc_by(hits);
+                    }
+                }
+                Some(_) => {
+                    self.metrics
+                        .rule_over_limit
+                        .get_or_create(&labels)
+                        .inc_by(hits);
+                    if rule.shadow_mode {
+                        self.metrics
+                            .rule_shadow_mode
+                            .get_or_create(&labels)
+                            .inc_by(hits);
+                    }
+                }
+            }
+        }
     }
 
     fn validate(&self, request: &RateLimitRequest) -> Result<(), Status> {
@@ -258,7 +317,22 @@ impl crate::pb::RateLimitService for GrpcService {
             domain = %request.domain,
             descriptors = request.descriptors.len()
         );
+        let started = std::time::Instant::now();
         let result = self.0.decide(&request).instrument(span.clone()).await;
+        let metrics = &self.0.metrics;
+        metrics
+            .call_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let code = match &result {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        };
+        metrics
+            .calls
+            .get_or_create(&CodeLabels {
+                code: format!("{code:?}"),
+            })
+            .inc();
         let _entered = span.enter();
         match &result {
             Ok(r) => tracing::debug!(overall_code = r.overall_code, "answered"),

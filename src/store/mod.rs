@@ -31,6 +31,8 @@ impl StoreError {
 pub type StoreFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'a>>;
 
+pub type PingFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
 /// A counter store. Boxed futures keep it object-safe, so the service picks the store at start-up;
 /// one allocation per call is noise beside a gRPC round trip.
 pub trait Store: Send + Sync + 'static {
@@ -39,4 +41,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
+
+    /// Whether the store answers (for readiness reporting); the embedded store always does.
+    fn ping(&self) -> PingFuture<'_> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }

@@ -16,7 +16,7 @@ pub use connection::{RedisConfig, Topology, redact_url};
 pub use script::ScriptClock;
 
 use self::connection::{Backend, breaks_connection};
-use super::{Store, StoreError, StoreFuture};
+use super::{PingFuture, Store, StoreError, StoreFuture};
 use crate::limiter::{Check, Decision, zero_limit_decision};
 
 pub struct RedisStore {
@@ -160,5 +160,28 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn ping(&self) -> PingFuture<'_> {
+        Box::pin(async move {
+            match &self.backend {
+                Backend::Pool(pool) => {
+                    let (mut conn, _) = connection::checkout(pool)
+                        .await
+                        .map_err(|e| unavailable("redis connection", e))?;
+                    redis::cmd("PING")
+                        .query_async::<()>(&mut conn)
+                        .await
+                        .map_err(store_error)
+                }
+                Backend::Cluster(cluster) => {
+                    let mut conn = cluster.clone();
+                    redis::cmd("PING")
+                        .query_async::<()>(&mut conn)
+                        .await
+                        .map_err(store_error)
+                }
+            }
+        })
     }
 }
