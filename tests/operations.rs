@@ -1,0 +1,450 @@
+//! Operating Portcullis: exact metrics after known traffic, health and readiness, the admin
+//! endpoints, a Kubernetes ConfigMap swap reloading the rules, and SIGTERM draining.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{TestServer, request};
+use portcullis::pb::rate_limit_response::Code;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// A minimal HTTP/1.1 client: (status, body).
+async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let status = raw[9..12].parse().expect("status code");
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn admin(server: &TestServer) -> SocketAddr {
+    server.running.as_ref().unwrap().admin_addr
+}
+
+/// The value of one sample line of the exposition, 0 when absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+const RULES: &str = r#"
+domain: m
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 4}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+"#;
+
+#[tokio::test]
+async fn metrics_count_exactly_the_traffic_sent() {
+    let server = TestServer::start(&[("m.yaml", RULES)]).await;
+    // user: 4 allowed (the 4th ends above 80% of the limit), 2 refused.
+    for _ in 0..6 {
+        server.ok(request("m", &[&[("user", "u1")]])).await;
+    }
+    // trial (shadow): 1 allowed, 2 over the limit but answered OK.
+    for _ in 0..3 {
+        assert_eq!(
+            server
+                .ok(request("m", &[&[("trial", "t")]]))
+                .await
+                .overall_code,
+            OK
+        );
+    }
+    // detailed_metric: the value is in the label; a wildcard rule keeps its configured name.
+    server.ok(request("m", &[&[("tenant", "acme")]])).await;
+    server.ok(request("m", &[&[("tenant", "globex")]])).await;
+    server
+        .ok(request(
+            "m",
+            &[&[("path", "/api/a")], &[("path", "/api/b")]],
+        ))
+        .await;
+    // Unknown domains: one counter, not one per domain string.
+    server.ok(request("nope-1", &[&[("user", "u")]])).await;
+    server.ok(request("nope-2", &[&[("user", "u")]])).await;
+    // A refused request.
+    server
+        .call(request("", &[&[("user", "u")]]))
+        .await
+        .expect_err("invalid");
+
+    let (status, m) = http(admin(&server), "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    let user = r#"{domain="m",rule="m.user"}"#;
+    assert_eq!(
+        sample(&m, &format!("portcullis_rule_hits_total{user}")),
+        6.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, &format!("portcullis_rule_within_limit_total{user}")),
+        4.0
+    );
+    assert_eq!(
+        sample(&m, &format!("portcullis_rule_near_limit_total{user}")),
+        1.0
+    );
+    assert_eq!(
+        sample(&m, &format!("portcullis_rule_over_limit_total{user}")),
+        2.0
+    );
+    let trial = r#"{domain="m",rule="m.trial"}"#;
+    assert_eq!(
+        sample(&m, &format!("portcullis_rule_hits_total{trial}")),
+        3.0
+    );
+    assert_eq!(
+        sample(&m, &format!("portcullis_rule_over_limit_total{trial}")),
+        2.0
+    );
+    assert_eq!(
+        sample(&m, &format!("portcullis_rule_shadow_mode_total{trial}")),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            &m,
+            r#"portcullis_rule_hits_total{domain="m",rule="m.tenant_acme"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &m,
+            r#"portcullis_rule_hits_total{domain="m",rule="m.tenant_globex"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &m,
+            r#"portcullis_rule_hits_total{domain="m",rule="m.path_/api/*"}"#
+        ),
+        2.0
+    );
+    assert!(
+        !m.contains("/api/a"),
+        "no raw request values without detailed_metric"
+    );
+    assert_eq!(sample(&m, "portcullis_unknown_domain_total"), 2.0);
+    assert_eq!(
+        sample(&m, r#"portcullis_grpc_calls_total{code="Ok"}"#),
+        14.0
+    );
+    assert_eq!(
+        sample(&m, r#"portcullis_grpc_calls_total{code="InvalidArgument"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(&m, "portcullis_grpc_call_duration_seconds_count"),
+        15.0
+    );
+    assert!(sample(&m, "portcullis_rules_loaded_timestamp_seconds") > 1.7e9);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health_readiness_rlconfig_and_json() {
+    let server = TestServer::start(&[("m.yaml", RULES)]).await;
+    let addr = admin(&server);
+    assert_eq!(
+        http(addr, "GET", "/healthz", "").await,
+        (200, "ok\n".into())
+    );
+    let (status, body) = http(addr, "GET", "/readyz", "").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("4 rule(s) from 1 file(s)") && body.contains("store: memory ok"),
+        "{body}"
+    );
+
+    let (_, config) = http(addr, "GET", "/rlconfig", "").await;
+    assert!(
+        config.contains("m.path_/api/*: 10 per hour, token_bucket, burst 10"),
+        "{config}"
+    );
+    assert!(
+        config.contains("m.trial: 1 per hour, sliding_window, shadow_mode"),
+        "{config}"
+    );
+
+    let call =
+        r#"{"domain":"m","descriptors":[{"entries":[{"key":"user","value":"j"}]}],"hitsAddend":3}"#;
+    let (status, body) = http(addr, "POST", "/json", call).await;
+    assert_eq!(status, 200, "{body}");
+    let parsed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(parsed["overallCode"], "OK");
+    assert_eq!(parsed["statuses"][0]["limitRemaining"], 1);
+    assert_eq!(parsed["statuses"][0]["currentLimit"]["unit"], "HOUR");
+    // snake_case names and a string uint64 (proto3 JSON) are accepted too.
+    let call = r#"{"domain":"m","descriptors":[{"entries":[{"key":"user","value":"j"}],"hits_addend":"2"}]}"#;
+    let (status, body) = http(addr, "POST", "/json", call).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains(r#""overallCode":"OVER_LIMIT""#), "{body}");
+    for bad in [
+        "not json",
+        r#"{"domain":"","descriptors":[{"entries":[{"key":"k"}]}]}"#,
+        r#"{"domain":"m","bogus":1}"#,
+    ] {
+        let (status, body) = http(addr, "POST", "/json", bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("error"), "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn readiness_reports_an_unreachable_store_and_fails_only_when_asked_to() {
+    let port = common::redis::free_port();
+    for requires in [false, true] {
+        let server = TestServer::start_with(&[("m.yaml", RULES)], |s| {
+            s.store = portcullis::settings::StoreKind::Redis;
+            s.redis_url = Some(format!("redis://127.0.0.1:{port}"));
+            s.store_timeout = Duration::from_millis(200);
+            s.ready_requires_store = requires;
+        })
+        .await;
+        let (status, body) = http(admin(&server), "GET", "/readyz", "").await;
+        assert!(body.contains("store: redis store unavailable"), "{body}");
+        assert_eq!(status, if requires { 503 } else { 200 }, "{body}");
+        // Liveness never depends on the store.
+        assert_eq!(http(admin(&server), "GET", "/healthz", "").await.0, 200);
+        server.stop().await;
+    }
+}
+
+/// Writes `text` as a new ConfigMap generation: `..<generation>/rules.yaml`, then swaps the
+/// `..data` link atomically, the way the kubelet updates a mounted ConfigMap.
+fn configmap_update(dir: &std::path::Path, generation: u32, text: &str) {
+    let data = dir.join(format!("..gen_{generation}"));
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("rules.yaml"), text).unwrap();
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..gen_{generation}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    if !dir.join("rules.yaml").exists() {
+        std::os::unix::fs::symlink("..data/rules.yaml", dir.join("rules.yaml")).unwrap();
+    }
+    if generation > 1 {
+        std::fs::remove_dir_all(dir.join(format!("..gen_{}", generation - 1))).unwrap();
+    }
+}
+
+fn limit_rules(requests: u32) -> String {
+    format!(
+        "domain: live\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {requests}}}\n"
+    )
+}
+
+async fn current_limit(server: &TestServer) -> u32 {
+    let r = server.ok(request("live", &[&[("k", "probe")]])).await;
+    r.statuses[0]
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit)
+}
+
+async fn wait_for_limit(server: &TestServer, requests: u32) {
+    let start = Instant::now();
+    while current_limit(server).await != requests {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "limit {requests} not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn configmap_swap_reloads_rules_and_a_broken_file_keeps_the_last_good_ones() {
+    let server = TestServer::start(&[]).await;
+    let dir = server.dir.path().to_path_buf();
+    configmap_update(&dir, 1, &limit_rules(1));
+    wait_for_limit(&server, 1).await;
+    configmap_update(&dir, 2, &limit_rules(5));
+    wait_for_limit(&server, 5).await;
+
+    let reload_errors = |m: &str| sample(m, r#"portcullis_rules_reloads_total{result="error"}"#);
+    configmap_update(
+        &dir,
+        3,
+        "domain: live\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n",
+    );
+    let start = Instant::now();
+    loop {
+        let (_, m) = http(admin(&server), "GET", "/metrics", "").await;
+        if reload_errors(&m) == 1.0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the broken file was not noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        current_limit(&server).await,
+        5,
+        "the last good rules stay in force"
+    );
+
+    configmap_update(&dir, 4, &limit_rules(7));
+    wait_for_limit(&server, 7).await;
+    let (_, m) = http(admin(&server), "GET", "/metrics", "").await;
+    assert_eq!(
+        sample(&m, r#"portcullis_rules_reloads_total{result="success"}"#),
+        3.0
+    );
+    assert_eq!(reload_errors(&m), 1.0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits_0() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.yaml"), RULES).unwrap();
+    let grpc_port = common::redis::free_port();
+    let admin_port = common::redis::free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["serve", "--drain-period", "1500ms"])
+        .arg("--config")
+        .arg(dir.path())
+        .args([
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc_port}"),
+            "--admin-addr",
+            &format!("127.0.0.1:{admin_port}"),
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let url = format!("http://127.0.0.1:{grpc_port}");
+    let start = Instant::now();
+    let channel = loop {
+        if let Ok(c) = tonic::transport::Channel::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+        {
+            break c;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "server did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut health = HealthClient::new(channel.clone());
+    let mut rls = portcullis::pb::RateLimitServiceClient::new(channel);
+    let status = |h: &mut HealthClient<_>| {
+        let mut h = h.clone();
+        async move {
+            h.check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+        }
+    };
+    assert_eq!(status(&mut health).await, ServingStatus::Serving as i32);
+
+    let signalled = Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &child.0.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    while status(&mut health).await != ServingStatus::NotServing as i32 {
+        assert!(
+            signalled.elapsed() < Duration::from_secs(1),
+            "health did not turn NOT_SERVING"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (ready, _) = http(
+        format!("127.0.0.1:{admin_port}").parse().unwrap(),
+        "GET",
+        "/readyz",
+        "",
+    )
+    .await;
+    assert_eq!(ready, 503);
+    // Still answering during the drain period.
+    let r = rls
+        .should_rate_limit(request("m", &[&[("user", "drain")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, OK);
+    let r = rls
+        .should_rate_limit(request("m", &[&[("trial", "drain")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(r.overall_code, OVER);
+    // Then it exits 0, within the drain period plus a margin.
+    let exit = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_millis(1500 + 3000),
+            "did not exit after draining"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(1400),
+        "exited before the drain period"
+    );
+    assert_eq!(exit.code(), Some(0));
+}
+
+/// Kills the process if the test fails before it exits on its own.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
