@@ -30,7 +30,6 @@ fn main() -> ExitCode {
 }
 
 fn serve(settings: Settings) -> ExitCode {
-    telemetry::init(&settings.log_level, settings.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -39,6 +38,11 @@ fn serve(settings: Settings) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        let telemetry = telemetry::init(
+            &settings.log_level,
+            settings.log_format,
+            settings.otlp_endpoint.as_deref(),
+        );
         let running = match service::start(&settings, Arc::new(SystemClock::default())).await {
             Ok(running) => running,
             Err(e) => {
@@ -49,6 +53,8 @@ fn serve(settings: Settings) -> ExitCode {
         shutdown_signal().await;
         running.drain(settings.drain_period).await;
         tracing::info!("stopped");
+        // The batch exporter blocks while flushing: off the async worker.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
         ExitCode::SUCCESS
     })
 }

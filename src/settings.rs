@@ -214,6 +214,9 @@ pub struct Settings {
     /// How often the rules directory is checked for changes.
     #[arg(long, env = "PORTCULLIS_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub reload_interval: Duration,
+    /// OTLP (gRPC) collector for traces, e.g. http://otel-collector:4317; the standard variable.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Log level or filter (RUST_LOG syntax); RUST_LOG wins when set.
     #[arg(long, env = "PORTCULLIS_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -255,6 +258,7 @@ impl Settings {
             ready_requires_store: false,
             drain_period: Duration::from_millis(100),
             reload_interval: Duration::from_millis(100),
+            otlp_endpoint: None,
             log_level: "warn".into(),
             log_format: LogFormat::Text,
         }

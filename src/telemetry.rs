@@ -1,21 +1,94 @@
+//! Logs, traces and metrics.
+//!
 //! Logs: one subscriber for the process, text or JSON, filtered by `RUST_LOG` or `--log-level`.
+//! Traces: when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, spans go to that OTLP (gRPC) collector
+//! through a batch exporter; the SDK reads the other `OTEL_*` variables (service name, headers,
+//! sampler: parent-based by default, so Envoy's sampling decision is followed). When it is not
+//! set, no exporter and no OpenTelemetry layer exist at all.
+//! Metrics: the Prometheus registry below, served at `/metrics`.
 
-use tracing_subscriber::EnvFilter;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::settings::LogFormat;
 
-/// Installs the global subscriber; a second call (tests) is a no-op.
-pub fn init(level: &str, format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+/// Keeps the trace exporter alive; `shutdown` flushes the spans still buffered.
+#[derive(Default)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("portcullis: flushing traces failed: {e}");
+        }
+    }
+}
+
+/// Installs the global subscriber (a second call, in tests, is a no-op). Must run inside the
+/// tokio runtime when an OTLP endpoint is given: the exporter's gRPC channel lives there.
+pub fn init(level: &str, format: LogFormat, otlp_endpoint: Option<&str>) -> Telemetry {
+    let filter = || {
+        EnvFilter::try_from_default_env()
+            .or_else(|_| EnvFilter::try_new(level))
+            .unwrap_or_else(|_| EnvFilter::new("info"))
     };
+    let logs = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed(),
+    }
+    .with_filter(filter());
+    let mut telemetry = Telemetry::default();
+    let traces = otlp_endpoint.and_then(|endpoint| {
+        use opentelemetry_otlp::WithExportConfig;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .build();
+        match exporter {
+            Ok(exporter) => {
+                let provider = SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(
+                        opentelemetry_sdk::Resource::builder()
+                            .with_service_name("portcullis")
+                            .build(),
+                    )
+                    .build();
+                let tracer = provider.tracer("portcullis");
+                opentelemetry::global::set_text_map_propagator(
+                    opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+                );
+                telemetry.provider = Some(provider);
+                // Only our own spans: the call span and what it contains.
+                Some(
+                    tracing_opentelemetry::layer()
+                        .with_tracer(tracer)
+                        .with_filter(EnvFilter::new("portcullis=info")),
+                )
+            }
+            Err(e) => {
+                eprintln!("portcullis: OTLP exporter for {endpoint} not started: {e}");
+                None
+            }
+        }
+    });
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
+    telemetry
 }
 
 use std::sync::atomic::AtomicU64;

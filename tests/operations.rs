@@ -448,3 +448,168 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+mod otlp {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use opentelemetry_proto::tonic::trace::v1::Span;
+
+    /// A fake OTLP collector on loopback that keeps every span it receives.
+    #[derive(Clone, Default)]
+    pub struct Collector {
+        pub spans: Arc<Mutex<Vec<Span>>>,
+    }
+
+    #[tonic::async_trait]
+    impl TraceService for Collector {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let mut spans = self.spans.lock().unwrap();
+            for resource in request.into_inner().resource_spans {
+                for scope in resource.scope_spans {
+                    spans.extend(scope.spans);
+                }
+            }
+            Ok(tonic::Response::new(ExportTraceServiceResponse {
+                partial_success: None,
+            }))
+        }
+    }
+
+    pub async fn start() -> (
+        Collector,
+        std::net::SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let collector = Collector::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let service = TraceServiceServer::new(collector.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        (collector, addr, stop)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traces_go_to_the_otlp_collector_under_envoys_traceparent() {
+    let (collector, collector_addr, stop_collector) = otlp::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.yaml"), RULES).unwrap();
+    let grpc_port = common::redis::free_port();
+    let admin_port = common::redis::free_port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["serve", "--drain-period", "0ms"])
+        .arg("--config")
+        .arg(dir.path())
+        .args([
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc_port}"),
+            "--admin-addr",
+            &format!("127.0.0.1:{admin_port}"),
+        ])
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://{collector_addr}"),
+        )
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let url = format!("http://127.0.0.1:{grpc_port}");
+    let start = Instant::now();
+    let mut client = loop {
+        if let Ok(c) = portcullis::pb::RateLimitServiceClient::connect(url.clone()).await {
+            break c;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "server did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_id = "00f067aa0ba902b7";
+    let mut call = tonic::Request::new(request("m", &[&[("user", "traced")]]));
+    call.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-{parent_id}-01").parse().unwrap(),
+    );
+    client.should_rate_limit(call).await.unwrap();
+
+    let start = Instant::now();
+    let span = loop {
+        let found = collector
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|s| s.name == "should_rate_limit")
+            .cloned();
+        if let Some(span) = found {
+            break span;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no span reached the collector"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    assert_eq!(
+        hex(&span.trace_id),
+        trace_id,
+        "the span joins Envoy's trace"
+    );
+    assert_eq!(
+        hex(&span.parent_span_id),
+        parent_id,
+        "Envoy's span is its parent"
+    );
+    let attribute = |key: &str| {
+        span.attributes
+            .iter()
+            .find(|a| a.key == key)
+            .and_then(|a| a.value.clone())
+            .map(|v| format!("{:?}", v.value))
+    };
+    assert!(
+        attribute("domain").is_some_and(|v| v.contains("\"m\"")),
+        "{:?}",
+        span.attributes
+    );
+    assert!(
+        attribute("overall_code").is_some_and(|v| v.contains("OK")),
+        "{:?}",
+        span.attributes
+    );
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &child.0.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let _ = child.0.wait();
+    let _ = stop_collector.send(());
+}

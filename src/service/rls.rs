@@ -7,6 +7,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::response::{self, HeadersMode, Planned};
 use crate::limiter::{Algorithm, Check, Limiter, key};
@@ -302,6 +303,25 @@ fn apply_replaces(planned: &mut [Planned]) {
     }
 }
 
+/// Reads W3C trace context from gRPC metadata.
+struct MetadataExtractor<'a>(&'a tonic::metadata::MetadataMap);
+
+impl opentelemetry::propagation::Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
 /// The tonic face of `RateLimiter`.
 pub struct GrpcService(pub Arc<RateLimiter>);
 
@@ -311,12 +331,18 @@ impl crate::pb::RateLimitService for GrpcService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        // Envoy's W3C `traceparent` (gRPC metadata) makes this call's span part of its trace.
+        let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+            propagator.extract(&MetadataExtractor(request.metadata()))
+        });
         let request = request.into_inner();
-        let span = tracing::debug_span!(
+        let span = tracing::info_span!(
             "should_rate_limit",
             domain = %request.domain,
-            descriptors = request.descriptors.len()
+            descriptors = request.descriptors.len(),
+            overall_code = tracing::field::Empty,
         );
+        let _ = span.set_parent(parent);
         let started = std::time::Instant::now();
         let result = self.0.decide(&request).instrument(span.clone()).await;
         let metrics = &self.0.metrics;
@@ -334,6 +360,11 @@ impl crate::pb::RateLimitService for GrpcService {
             })
             .inc();
         let _entered = span.enter();
+        if let Ok(r) = &result {
+            let code = crate::pb::rate_limit_response::Code::try_from(r.overall_code)
+                .map_or("UNKNOWN", |c| c.as_str_name());
+            span.record("overall_code", code);
+        }
         match &result {
             Ok(r) => tracing::debug!(overall_code = r.overall_code, "answered"),
             Err(status) => {
