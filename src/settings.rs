@@ -134,6 +134,15 @@ pub struct Settings {
     /// gRPC listen address (envoy.service.ratelimit.v3 and grpc.health.v1).
     #[arg(long, env = "PORTCULLIS_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     pub grpc_addr: SocketAddr,
+    /// PEM certificate chain for TLS on the gRPC listener (re-read when it changes).
+    #[arg(long, env = "PORTCULLIS_GRPC_TLS_CERT")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key for --grpc-tls-cert.
+    #[arg(long, env = "PORTCULLIS_GRPC_TLS_KEY")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// PEM CA whose client certificates are required (mTLS).
+    #[arg(long, env = "PORTCULLIS_GRPC_TLS_CLIENT_CA")]
+    pub grpc_tls_client_ca: Option<PathBuf>,
     /// Admin HTTP listen address (/healthz, /readyz, /rlconfig).
     #[arg(long, env = "PORTCULLIS_ADMIN_ADDR", default_value = "127.0.0.1:8080")]
     pub admin_addr: SocketAddr,
@@ -236,6 +245,9 @@ impl Settings {
             config,
             grpc_addr: ([127, 0, 0, 1], 0).into(),
             admin_addr: ([127, 0, 0, 1], 0).into(),
+            grpc_tls_cert: None,
+            grpc_tls_key: None,
+            grpc_tls_client_ca: None,
             store: StoreKind::Memory,
             redis_url: None,
             redis_cluster: Vec::new(),

@@ -722,77 +722,10 @@ async fn sentinel_finds_the_master_and_follows_a_failover() {
     server.stop().await;
 }
 
-/// A CA and a server certificate for 127.0.0.1, made with the openssl command line.
+/// A CA (`ca.crt`) and a server certificate for 127.0.0.1 (`server.crt`, `server.key`).
 fn make_certs(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(&[
-        &["req", "-x509"][..],
-        &ec,
-        &[
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=portcullis-test-ca",
-        ],
-    ]
-    .concat());
-    run(&[
-        &["req"][..],
-        &ec,
-        &[
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    ]
-    .concat());
-    std::fs::write(
-        dir.join("ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "1",
-        "-extfile",
-        "ext",
-    ]);
+    common::tls::make_ca(dir, "ca");
+    common::tls::make_leaf(dir, "ca", "server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@
 pub mod json;
 pub mod response;
 pub mod rls;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -151,18 +152,41 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         .await;
     let rls = RateLimitServiceServer::new(GrpcService(service.clone()))
         .max_decoding_message_size(settings.max_message_bytes);
-    let grpc = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(rls)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            wait_for_stop(stopped.clone()),
-        );
-    let grpc_task = tokio::spawn(async move {
-        if let Err(e) = grpc.await {
-            tracing::error!(error = %e, "gRPC server failed");
+        .add_service(rls);
+    let grpc_stopped = wait_for_stop(stopped.clone());
+    let grpc_task = match tls_files(settings)? {
+        None => {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+            tokio::spawn(async move {
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, grpc_stopped)
+                    .await
+                {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            })
         }
-    });
+        Some(files) => {
+            let incoming = tls::incoming(
+                grpc_listener,
+                files,
+                settings.reload_interval,
+                stopped.clone(),
+            )
+            .map_err(|e| StartError::Settings(e.to_string()))?;
+            tokio::spawn(async move {
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, grpc_stopped)
+                    .await
+                {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            })
+        }
+    };
 
     let draining = Arc::new(AtomicBool::new(false));
     let app = admin::router(admin::AdminState {
@@ -199,6 +223,24 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         stop,
         tasks: vec![grpc_task, admin_task, reload_task],
     })
+}
+
+/// The gRPC TLS files, when TLS is configured (a certificate needs its key).
+fn tls_files(settings: &Settings) -> Result<Option<tls::TlsFiles>, StartError> {
+    match (&settings.grpc_tls_cert, &settings.grpc_tls_key) {
+        (None, None) if settings.grpc_tls_client_ca.is_some() => Err(StartError::Settings(
+            "--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key".into(),
+        )),
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some(tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: settings.grpc_tls_client_ca.clone(),
+        })),
+        _ => Err(StartError::Settings(
+            "--grpc-tls-cert and --grpc-tls-key go together".into(),
+        )),
+    }
 }
 
 /// The Redis connection settings, exactly one topology.

@@ -98,3 +98,4 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
 }
 
 pub mod redis;
+pub mod tls;
