@@ -140,3 +140,66 @@ impl Store for Arc<MemoryStore> {
         "memory"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Algorithm, Limit};
+
+    fn check(key: String, algorithm: Algorithm) -> Check {
+        Check {
+            key,
+            limit: Limit {
+                algorithm,
+                requests: 10,
+                window_us: 60_000_000,
+                burst: 10,
+            },
+            hits: 1,
+        }
+    }
+
+    #[test]
+    fn idle_descriptors_are_swept_so_memory_follows_live_traffic() {
+        let clock = ManualClock::new(1_763_000_000_000_000);
+        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let algorithms = [
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+        ];
+        for i in 0..300_000u32 {
+            let c = check(format!("{{d|ip={i}}}"), algorithms[i as usize % 3]);
+            store.check_at(&c, clock.now_us());
+        }
+        assert_eq!(store.len(), 300_000);
+        // Nothing has expired yet: a sweep keeps every live counter.
+        assert_eq!(store.sweep(), 0);
+        // One window and a sub-window later every counter is back to empty and goes.
+        clock.advance_us(66_000_001);
+        let live = check("{d|ip=live}".into(), Algorithm::SlidingWindow);
+        store.check_at(&live, clock.now_us());
+        assert_eq!(store.sweep(), 300_000);
+        assert_eq!(store.len(), 1, "only the descriptor still in use remains");
+    }
+
+    #[test]
+    fn concurrent_checks_on_one_key_admit_exactly_the_limit() {
+        let store = MemoryStore::new(Arc::new(ManualClock::new(1_763_000_000_000_000)));
+        let admitted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for _ in 0..100 {
+                        let c = check("{d|k=shared}".into(), Algorithm::SlidingWindow);
+                        if store.check_at(&c, 1_763_000_000_000_000).allowed {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.into_inner(), 10);
+    }
+}
