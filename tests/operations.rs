@@ -6,6 +6,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::process::ServeProcess;
 use common::{TestServer, request};
 use portcullis::pb::rate_limit_response::Code;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -335,38 +336,12 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
     };
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("m.yaml"), RULES).unwrap();
-    let grpc_port = common::redis::free_port();
-    let admin_port = common::redis::free_port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .args(["serve", "--drain-period", "1500ms"])
-        .arg("--config")
-        .arg(dir.path())
-        .args([
-            "--grpc-addr",
-            &format!("127.0.0.1:{grpc_port}"),
-            "--admin-addr",
-            &format!("127.0.0.1:{admin_port}"),
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let url = format!("http://127.0.0.1:{grpc_port}");
-    let start = Instant::now();
-    let channel = loop {
-        if let Ok(c) = tonic::transport::Channel::from_shared(url.clone())
-            .unwrap()
-            .connect()
-            .await
-        {
-            break c;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut server = ServeProcess::spawn(dir.path(), &["--drain-period", "1500ms"], &[], &[]);
+    let channel = tonic::transport::Channel::from_shared(server.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
     let mut health = HealthClient::new(channel.clone());
     let mut rls = portcullis::pb::RateLimitServiceClient::new(channel);
     let status = |h: &mut HealthClient<_>| {
@@ -384,13 +359,7 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
     assert_eq!(status(&mut health).await, ServingStatus::Serving as i32);
 
     let signalled = Instant::now();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &child.0.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    server.signal("TERM");
     while status(&mut health).await != ServingStatus::NotServing as i32 {
         assert!(
             signalled.elapsed() < Duration::from_secs(1),
@@ -398,13 +367,7 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (ready, _) = http(
-        format!("127.0.0.1:{admin_port}").parse().unwrap(),
-        "GET",
-        "/readyz",
-        "",
-    )
-    .await;
+    let (ready, _) = http(server.admin_addr(), "GET", "/readyz", "").await;
     assert_eq!(ready, 503);
     // Still answering during the drain period.
     let r = rls
@@ -421,7 +384,7 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
     assert_ne!(r.overall_code, OVER);
     // Then it exits 0, within the drain period plus a margin.
     let exit = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
+        if let Some(status) = server.child.try_wait().unwrap() {
             break status;
         }
         assert!(
@@ -435,18 +398,6 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
         "exited before the drain period"
     );
     assert_eq!(exit.code(), Some(0));
-}
-
-/// Kills the process if the test fails before it exits on its own.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 mod otlp {
@@ -515,39 +466,17 @@ async fn traces_go_to_the_otlp_collector_under_envoys_traceparent() {
     let (collector, collector_addr, stop_collector) = otlp::start().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("m.yaml"), RULES).unwrap();
-    let grpc_port = common::redis::free_port();
-    let admin_port = common::redis::free_port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .args(["serve", "--drain-period", "0ms"])
-        .arg("--config")
-        .arg(dir.path())
-        .args([
-            "--grpc-addr",
-            &format!("127.0.0.1:{grpc_port}"),
-            "--admin-addr",
-            &format!("127.0.0.1:{admin_port}"),
-        ])
-        .env(
+    let envs = [
+        (
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             format!("http://{collector_addr}"),
-        )
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let url = format!("http://127.0.0.1:{grpc_port}");
-    let start = Instant::now();
-    let mut client = loop {
-        if let Ok(c) = portcullis::pb::RateLimitServiceClient::connect(url.clone()).await {
-            break c;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "server did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+    ];
+    let mut server = ServeProcess::spawn(dir.path(), &["--drain-period", "0ms"], &envs, &[]);
+    let mut client = portcullis::pb::RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect");
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_id = "00f067aa0ba902b7";
     let mut call = tonic::Request::new(request("m", &[&[("user", "traced")]]));
@@ -603,14 +532,8 @@ async fn traces_go_to_the_otlp_collector_under_envoys_traceparent() {
         "{:?}",
         span.attributes
     );
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &child.0.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let _ = child.0.wait();
+    server.signal("TERM");
+    let _ = server.child.wait();
     let _ = stop_collector.send(());
 }
 

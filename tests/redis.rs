@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisSentinel, RedisServer, cli, wait_until};
+use common::process::ServeProcess;
+use common::redis::{RedisCluster, RedisSentinel, RedisServer, cli};
 use common::{TestServer, request};
 use portcullis::clock::ManualClock;
 use portcullis::limiter::{Algorithm, Check, FailureMode, Limit, key};
@@ -259,28 +260,10 @@ descriptors:
 async fn two_instances_admit_exactly_the_limit(adjust: impl Fn(&mut Settings) + Copy) {
     let a = TestServer::start_with(&[("s.yaml", SHARED_RULES)], adjust).await;
     let b = TestServer::start_with(&[("s.yaml", SHARED_RULES)], adjust).await;
+    let clients = [a.client.clone(), b.client.clone()];
     for key in ["sliding", "bucket", "fixed"] {
-        let calls: Vec<_> = (0..300)
-            .map(|i| {
-                let mut client = if i % 2 == 0 {
-                    a.client.clone()
-                } else {
-                    b.client.clone()
-                };
-                tokio::spawn(async move {
-                    client
-                        .should_rate_limit(request("shared", &[&[(key, "one")]]))
-                        .await
-                        .map(|r| r.into_inner().overall_code)
-                })
-            })
-            .collect();
-        let mut admitted = 0;
-        for call in calls {
-            if call.await.unwrap().expect("answered") == OK {
-                admitted += 1;
-            }
-        }
+        let admitted =
+            common::count_admitted(&clients, request("shared", &[&[(key, "one")]]), 300).await;
         assert_eq!(admitted, 100, "{key}");
     }
     a.stop().await;
@@ -353,8 +336,8 @@ async fn a_replica_whose_host_clock_is_45s_off_still_shares_the_budget() {
     let redis = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("r.yaml"), CLOCK_RULES).unwrap();
-    let honest = Portcullis::spawn(dir.path(), &redis, None);
-    let skewed = Portcullis::spawn(dir.path(), &redis, Some("+45s"));
+    let honest = replica(dir.path(), &redis, None);
+    let skewed = replica(dir.path(), &redis, Some("+45s"));
     let redis_now_us = || {
         let time = cli(redis.port, &["TIME"]);
         let mut parts = time.lines().map(|l| l.parse::<u64>().unwrap());
@@ -365,7 +348,7 @@ async fn a_replica_whose_host_clock_is_45s_off_still_shares_the_budget() {
         let mut admitted = 0;
         for i in 0..40 {
             let server = if i % 2 == 0 { &honest } else { &skewed };
-            if server.ask(key) == "OK" {
+            if ask(server, key) == "OK" {
                 admitted += 1;
             }
         }
@@ -402,87 +385,47 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: token_bucket, burst: 10}
 "#;
 
-/// A `portcullis serve` process (optionally under faketime), stopped when dropped.
-struct Portcullis {
-    child: std::process::Child,
-    grpc: String,
+/// A replica of Portcullis on `redis`, its host clock shifted by `fake_offset` (faketime).
+fn replica(
+    rules: &std::path::Path,
+    redis: &RedisServer,
+    fake_offset: Option<&str>,
+) -> ServeProcess {
+    let url = redis.url();
+    let args = [
+        "--store",
+        "redis",
+        "--store-timeout",
+        "2s",
+        "--redis-url",
+        url.as_str(),
+    ];
+    let wrapper: Vec<&str> =
+        fake_offset.map_or(Vec::new(), |offset| vec!["faketime", "-f", offset]);
+    ServeProcess::spawn(rules, &args, &[], &wrapper)
 }
 
-impl Portcullis {
-    fn spawn(
-        rules: &std::path::Path,
-        redis: &RedisServer,
-        fake_offset: Option<&str>,
-    ) -> Portcullis {
-        let grpc_port = common::redis::free_port();
-        let admin_port = common::redis::free_port();
-        let bin = env!("CARGO_BIN_EXE_portcullis");
-        let mut cmd = match fake_offset {
-            Some(offset) => {
-                let mut c = std::process::Command::new("faketime");
-                c.args(["-f", offset, bin]);
-                c
-            }
-            None => std::process::Command::new(bin),
-        };
-        cmd.args([
-            "serve",
-            "--store",
-            "redis",
-            "--store-timeout",
-            "2s",
-            "--redis-url",
-            &redis.url(),
-        ])
-        .arg("--config")
-        .arg(rules)
+/// The overall code for one hit on `key` of domain `clock`, through the `ask` subcommand (a
+/// separate client process).
+fn ask(server: &ServeProcess, key: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
         .args([
-            "--grpc-addr",
-            &format!("127.0.0.1:{grpc_port}"),
-            "--admin-addr",
-            &format!("127.0.0.1:{admin_port}"),
+            "ask",
+            "--addr",
+            &server.grpc_url(),
+            "--domain",
+            "clock",
+            "-d",
+            &format!("{key}=x"),
         ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-        let child = cmd.spawn().expect("start portcullis");
-        let p = Portcullis {
-            child,
-            grpc: format!("http://127.0.0.1:{grpc_port}"),
-        };
-        wait_until("portcullis to listen", Duration::from_secs(20), || {
-            std::net::TcpStream::connect(("127.0.0.1", grpc_port)).is_ok()
-        });
-        p
-    }
-
-    /// The overall code for one hit on `key`, through the `ask` subcommand (a separate client).
-    fn ask(&self, key: &str) -> String {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
-            .args([
-                "ask",
-                "--addr",
-                &self.grpc,
-                "--domain",
-                "clock",
-                "-d",
-                &format!("{key}=x"),
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        text.lines()
-            .next()
-            .unwrap_or("")
-            .trim_start_matches("overall: ")
-            .to_owned()
-    }
-}
-
-impl Drop for Portcullis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .next()
+        .unwrap_or("")
+        .trim_start_matches("overall: ")
+        .to_owned()
 }
 
 const FAIL_RULES: &str = r#"

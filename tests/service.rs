@@ -468,22 +468,9 @@ descriptors:
 async fn three_hundred_concurrent_calls_admit_exactly_the_limit() {
     let server = TestServer::start(&[("algo.yaml", ALGORITHMS)]).await;
     for key in ["sliding", "bucket", "fixed"] {
-        let calls = (0..300).map(|_| {
-            let client = server.client.clone();
-            tokio::spawn(async move {
-                let mut client = client;
-                client
-                    .should_rate_limit(request("algo", &[&[(key, "shared")]]))
-                    .await
-                    .map(|r| r.into_inner().overall_code)
-            })
-        });
-        let mut admitted = 0;
-        for call in calls.collect::<Vec<_>>() {
-            if call.await.expect("task").expect("answered") == OK {
-                admitted += 1;
-            }
-        }
+        let request = request("algo", &[&[(key, "shared")]]);
+        let admitted =
+            common::count_admitted(std::slice::from_ref(&server.client), request, 300).await;
         assert_eq!(admitted, 100, "{key}");
     }
     server.stop().await;

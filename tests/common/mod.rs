@@ -97,5 +97,35 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
     }
 }
 
+pub mod process;
 pub mod redis;
 pub mod tls;
+
+/// Sends `calls` copies of `request` at once, spread over `clients` in turn, and counts the
+/// answers with overall code OK.
+pub async fn count_admitted(
+    clients: &[RateLimitServiceClient<Channel>],
+    request: RateLimitRequest,
+    calls: usize,
+) -> usize {
+    let tasks: Vec<_> = (0..calls)
+        .map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            let request = request.clone();
+            tokio::spawn(async move {
+                client
+                    .should_rate_limit(request)
+                    .await
+                    .map(|r| r.into_inner().overall_code)
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        let code = task.await.expect("task").expect("answered");
+        if code == portcullis::pb::rate_limit_response::Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    admitted
+}
