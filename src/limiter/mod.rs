@@ -11,7 +11,8 @@ pub mod sliding_window;
 pub mod token_bucket;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::store::{Store, StoreError};
@@ -182,6 +183,10 @@ pub struct Limiter {
     failure_mode: FailureMode,
     fallback: Option<Box<dyn Store>>,
     metrics: Arc<Metrics>,
+    /// Failures since the last log line, and when it was written: an outage at thousands of
+    /// calls per second logs once a second, not once a call (the metrics count every one).
+    unlogged_failures: AtomicU64,
+    last_failure_log: Mutex<Option<Instant>>,
 }
 
 impl Limiter {
@@ -210,7 +215,28 @@ impl Limiter {
             failure_mode,
             fallback,
             metrics,
+            unlogged_failures: AtomicU64::new(0),
+            last_failure_log: Mutex::new(None),
         }
+    }
+
+    fn log_failure(&self, error: &StoreError) {
+        let skipped = self.unlogged_failures.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut last) = self.last_failure_log.try_lock() else {
+            return;
+        };
+        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        self.unlogged_failures.store(0, Ordering::Relaxed);
+        tracing::warn!(
+            error = %error,
+            mode = ?self.failure_mode,
+            store = self.store.name(),
+            similar_failures_not_logged = skipped,
+            "store failed: answering by the failure mode"
+        );
     }
 
     pub async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
@@ -241,7 +267,7 @@ impl Limiter {
             .store_errors
             .get_or_create(&KindLabels { kind: kind.into() })
             .inc();
-        tracing::warn!(error = %error, mode = ?self.failure_mode, store = self.store.name(), "store failed: answering by the failure mode");
+        self.log_failure(&error);
         self.metrics
             .failure_mode_answers
             .get_or_create(&ModeLabels {
