@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::limiter::FailureMode;
 use crate::service::HeadersMode;
 
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(
     name = "portcullis",
     version,
@@ -22,7 +22,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 pub enum Command {
     /// Serve envoy.service.ratelimit.v3 over gRPC, and the admin HTTP listener.
     Serve(Box<Settings>),
@@ -122,7 +122,8 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Args)]
+/// No `Debug`: the Redis URL and password must not be printable by accident.
+#[derive(Clone, Args)]
 pub struct Settings {
     /// Directory of rule files (every non-dot file in it).
     #[arg(
