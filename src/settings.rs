@@ -184,6 +184,10 @@ pub struct Settings {
     /// rate-limit timeout, 20ms by default).
     #[arg(long, env = "PORTCULLIS_STORE_TIMEOUT", default_value = "15ms", value_parser = parse_duration)]
     pub store_timeout: Duration,
+    /// Refuse a request the store refused, until its retry time, without asking the store again
+    /// (Redis only; `--deny-cache false` turns it off).
+    #[arg(long, env = "PORTCULLIS_DENY_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub deny_cache: bool,
     /// What to answer when the store errs or misses its deadline.
     #[arg(
         long,
@@ -262,6 +266,7 @@ impl Settings {
             key_prefix: "portcullis:".into(),
             store_timeout: Duration::from_secs(2),
             failure_mode: FailureMode::Allow,
+            deny_cache: true,
             response_headers: HeadersMode::Off,
             shadow_mode: false,
             max_descriptors: 512,

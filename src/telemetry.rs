@@ -145,6 +145,7 @@ pub struct Metrics {
     pub rules_reloads: Family<ResultLabels, Counter>,
     pub rules_loaded_timestamp: Gauge<f64, AtomicU64>,
     pub unknown_domain: Counter,
+    pub deny_cache_hits: Counter,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
 }
@@ -167,6 +168,7 @@ impl Metrics {
             rules_reloads: Family::default(),
             rules_loaded_timestamp: Gauge::default(),
             unknown_domain: Counter::default(),
+            deny_cache_hits: Counter::default(),
             near_limit_ratio,
             registry: Registry::default(),
         };
@@ -234,6 +236,11 @@ impl Metrics {
             "unknown_domain",
             "Calls for a domain no rules file defines",
             m.unknown_domain.clone(),
+        );
+        registry.register(
+            "deny_cache_hits",
+            "Checks refused by the local deny cache without asking the store",
+            m.deny_cache_hits.clone(),
         );
         Metrics { registry, ..m }
     }

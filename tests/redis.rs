@@ -733,3 +733,80 @@ async fn tls_with_a_private_ca_and_an_acl_user() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_are_refused_locally_until_their_retry_time() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let start = |deny_cache: bool, mode: FailureMode| {
+        let url = url.clone();
+        TestServer::start_with(&[("f.yaml", FAIL_RULES)], move |s| {
+            s.store = StoreKind::Redis;
+            s.redis_url = Some(url);
+            s.store_timeout = Duration::from_millis(300);
+            s.failure_mode = mode;
+            s.deny_cache = deny_cache;
+        })
+    };
+    let cached = start(true, FailureMode::Allow).await;
+    let uncached = start(false, FailureMode::Allow).await;
+    let with_hits = |value: &str, hits: u32| {
+        let mut r = request("fail", &[&[("k", value)]]);
+        r.hits_addend = hits;
+        r
+    };
+    for server in [&cached, &uncached] {
+        let value = if std::ptr::eq(server, &cached) {
+            "c"
+        } else {
+            "u"
+        };
+        assert_eq!(server.ok(with_hits(value, 1)).await.overall_code, OK);
+        assert_eq!(
+            server.ok(with_hits(value, 2)).await.overall_code,
+            OVER,
+            "2 more do not fit"
+        );
+        // A cheaper request is not refused by the cached denial of a dearer one: it asks Redis.
+        let r = server.ok(with_hits(value, 1)).await;
+        assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 0));
+        assert_eq!(server.ok(with_hits(value, 1)).await.overall_code, OVER);
+    }
+    // Redis goes away; the failure mode would allow. The cached denial still refuses, the other
+    // descriptor (nothing cached) gets the failure mode's answer.
+    redis.kill();
+    let r = cached.ok(with_hits("c", 1)).await;
+    assert_eq!(r.overall_code, OVER, "refused from the deny cache");
+    assert!(r.statuses[0].duration_until_reset.unwrap().seconds > 0);
+    assert_eq!(cached.ok(with_hits("other", 1)).await.overall_code, OK);
+    assert_eq!(
+        uncached.ok(with_hits("u", 1)).await.overall_code,
+        OK,
+        "without the cache: the failure mode"
+    );
+    let metrics = cached.running.as_ref().unwrap().metrics.encode();
+    assert!(
+        metrics.contains("portcullis_deny_cache_hits_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("portcullis_failure_mode_answers_total{mode=\"allow\"} 1\n"),
+        "{metrics}"
+    );
+    cached.stop().await;
+    uncached.stop().await;
+
+    // A refusal by the failure mode is not cached: once Redis is back the same request passes.
+    let closed = start(true, FailureMode::Deny).await;
+    assert_eq!(closed.ok(with_hits("d", 1)).await.overall_code, OVER);
+    redis.restart();
+    let began = Instant::now();
+    while closed.ok(with_hits("d", 1)).await.overall_code != OK {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "stuck on a cached failure-mode denial"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    closed.stop().await;
+}

@@ -5,6 +5,7 @@
 //! memory store runs them directly; the Redis scripts run the same state transition in Lua and hand
 //! the state back, so the numbers reported to Envoy are computed by the same Rust code for both.
 
+pub mod deny_cache;
 pub mod fixed_window;
 pub mod key;
 pub mod sliding_window;
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::store::{Store, StoreError};
 use crate::telemetry::{KindLabels, Metrics, ModeLabels};
+use deny_cache::DenyCache;
 
 /// Microseconds per second, the unit every window is expressed in internally.
 pub const US_PER_SECOND: u64 = 1_000_000;
@@ -187,6 +189,7 @@ pub struct Limiter {
     /// calls per second logs once a second, not once a call (the metrics count every one).
     unlogged_failures: AtomicU64,
     last_failure_log: Mutex<Option<Instant>>,
+    deny_cache: Option<DenyCache>,
 }
 
 impl Limiter {
@@ -217,7 +220,14 @@ impl Limiter {
             metrics,
             unlogged_failures: AtomicU64::new(0),
             last_failure_log: Mutex::new(None),
+            deny_cache: None,
         }
+    }
+
+    /// Refuses checks the store has refused until their retry time, without asking it again.
+    pub fn with_deny_cache(mut self) -> Self {
+        self.deny_cache = Some(DenyCache::default());
+        self
     }
 
     fn log_failure(&self, error: &StoreError) {
@@ -240,8 +250,51 @@ impl Limiter {
     }
 
     pub async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+        let Some(cache) = &self.deny_cache else {
+            return self
+                .check_store(checks)
+                .await
+                .map(|(decisions, _)| decisions);
+        };
+        let now = Instant::now();
+        let cached: Vec<Option<Decision>> = checks.iter().map(|c| cache.lookup(c, now)).collect();
+        let hits = cached.iter().filter(|c| c.is_some()).count();
+        if hits > 0 {
+            self.metrics.deny_cache_hits.inc_by(hits as u64);
+        }
+        let to_store: Vec<Check> = checks
+            .iter()
+            .zip(&cached)
+            .filter(|(_, c)| c.is_none())
+            .map(|(check, _)| check.clone())
+            .collect();
+        let (stored, from_store) = self.check_store(&to_store).await?;
+        let mut stored = stored.into_iter();
+        let now = Instant::now();
+        let mut decisions = Vec::with_capacity(checks.len());
+        for (check, cached) in checks.iter().zip(cached) {
+            let decision = match cached {
+                Some(decision) => decision,
+                None => {
+                    let decision = stored.next().ok_or_else(|| {
+                        StoreError::Protocol("store answered too few decisions".into())
+                    })?;
+                    // Only the store's own refusals: a failure-mode answer says nothing of the budget.
+                    if from_store {
+                        cache.remember(check, &decision, now);
+                    }
+                    decision
+                }
+            };
+            decisions.push(decision);
+        }
+        Ok(decisions)
+    }
+
+    /// The store's decisions (`true`), or the failure mode's (`false`).
+    async fn check_store(&self, checks: &[Check]) -> Result<(Vec<Decision>, bool), StoreError> {
         if checks.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), true));
         }
         let started = Instant::now();
         let answer = tokio::time::timeout(self.deadline, self.store.check(checks)).await;
@@ -249,7 +302,7 @@ impl Limiter {
             .store_seconds
             .observe(started.elapsed().as_secs_f64());
         let (error, kind) = match answer {
-            Ok(Ok(decisions)) => return Ok(decisions),
+            Ok(Ok(decisions)) => return Ok((decisions, true)),
             Ok(Err(e)) => {
                 let kind = if e.is_transient() {
                     "unavailable"
@@ -274,12 +327,13 @@ impl Limiter {
                 mode: format!("{:?}", self.failure_mode).to_lowercase(),
             })
             .inc();
-        match (self.failure_mode, &self.fallback) {
-            (FailureMode::Allow, _) => Ok(checks.iter().map(|c| failed_open(&c.limit)).collect()),
-            (FailureMode::Deny, _) => Ok(checks.iter().map(|c| failed_closed(&c.limit)).collect()),
-            (FailureMode::Local, Some(fallback)) => fallback.check(checks).await,
-            (FailureMode::Local, None) => Err(error),
-        }
+        let decisions = match (self.failure_mode, &self.fallback) {
+            (FailureMode::Allow, _) => checks.iter().map(|c| failed_open(&c.limit)).collect(),
+            (FailureMode::Deny, _) => checks.iter().map(|c| failed_closed(&c.limit)).collect(),
+            (FailureMode::Local, Some(fallback)) => fallback.check(checks).await?,
+            (FailureMode::Local, None) => return Err(error),
+        };
+        Ok((decisions, false))
     }
 
     pub fn store_name(&self) -> &'static str {

@@ -117,13 +117,18 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
                 .map_err(|e| StartError::Settings(e.to_string()))?;
             let fallback =
                 (settings.failure_mode == FailureMode::Local).then(|| memory() as Box<dyn Store>);
-            Limiter::with_deadline(
+            let limiter = Limiter::with_deadline(
                 Box::new(store),
                 settings.store_timeout,
                 settings.failure_mode,
                 fallback,
                 metrics.clone(),
-            )
+            );
+            if settings.deny_cache {
+                limiter.with_deny_cache()
+            } else {
+                limiter
+            }
         }
     };
     let limiter = Arc::new(limiter);
