@@ -17,6 +17,8 @@ const SHARDS: usize = 16;
 const SHARD_SOFT_CAP: usize = 16_384;
 
 struct Denial {
+    /// The limit the refusal was under: a reload that changes it must not be shadowed.
+    limit: Limit,
     until: Instant,
     hits: u64,
     decision: Decision,
@@ -24,7 +26,7 @@ struct Denial {
 }
 
 pub struct DenyCache {
-    shards: Vec<Mutex<HashMap<(String, Limit), Denial>>>,
+    shards: Vec<Mutex<HashMap<String, Denial>>>,
     hasher: RandomState,
 }
 
@@ -38,7 +40,7 @@ impl Default for DenyCache {
 }
 
 impl DenyCache {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<(String, Limit), Denial>> {
+    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Denial>> {
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 
@@ -48,8 +50,8 @@ impl DenyCache {
             .shard(&check.key)
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let denial = shard.get(&(check.key.clone(), check.limit))?;
-        if denial.until <= now || check.hits < denial.hits {
+        let denial = shard.get(check.key.as_str())?;
+        if denial.limit != check.limit || denial.until <= now || check.hits < denial.hits {
             return None;
         }
         let elapsed = now.duration_since(denial.decided_at);
@@ -78,8 +80,9 @@ impl DenyCache {
             shard.retain(|_, d| d.until > now);
         }
         shard.insert(
-            (check.key.clone(), check.limit),
+            check.key.clone(),
             Denial {
+                limit: check.limit,
                 until: now + retry_after,
                 hits: check.hits,
                 decision: *decision,

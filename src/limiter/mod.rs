@@ -259,16 +259,19 @@ impl Limiter {
         let now = Instant::now();
         let cached: Vec<Option<Decision>> = checks.iter().map(|c| cache.lookup(c, now)).collect();
         let hits = cached.iter().filter(|c| c.is_some()).count();
-        if hits > 0 {
+        // The usual case, nothing cached: the checks go to the store as they are, uncopied.
+        let (stored, from_store) = if hits == 0 {
+            self.check_store(checks).await?
+        } else {
             self.metrics.deny_cache_hits.inc_by(hits as u64);
-        }
-        let to_store: Vec<Check> = checks
-            .iter()
-            .zip(&cached)
-            .filter(|(_, c)| c.is_none())
-            .map(|(check, _)| check.clone())
-            .collect();
-        let (stored, from_store) = self.check_store(&to_store).await?;
+            let to_store: Vec<Check> = checks
+                .iter()
+                .zip(&cached)
+                .filter(|(_, c)| c.is_none())
+                .map(|(check, _)| check.clone())
+                .collect();
+            self.check_store(&to_store).await?
+        };
         let mut stored = stored.into_iter();
         let now = Instant::now();
         let mut decisions = Vec::with_capacity(checks.len());
