@@ -12,7 +12,7 @@ mod harness;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use portcullis::limiter::{Algorithm, Check, Limit, key};
+use portcullis::algorithm::{Algorithm, Check, Limit, key};
 use portcullis::store::redis::{RedisConfig, Topology};
 use portcullis::store::{RedisStore, Store};
 

@@ -8,7 +8,7 @@ use clap::Parser;
 use portcullis::clock::SystemClock;
 use portcullis::rules::{self, Lookup, MatchKind};
 use portcullis::settings::{Cli, Command, Settings};
-use portcullis::{service, telemetry};
+use portcullis::{server, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -43,7 +43,7 @@ fn serve(settings: Settings) -> ExitCode {
             settings.log_format,
             settings.otlp_endpoint.as_deref(),
         );
-        let running = match service::start(&settings, Arc::new(SystemClock::default())).await {
+        let running = match server::start(&settings, Arc::new(SystemClock::default())).await {
             Ok(running) => running,
             Err(e) => {
                 eprintln!("portcullis: {e}");

@@ -1,15 +1,19 @@
 //! Every flag of the command line, each also read from a `PORTCULLIS_*` environment variable
-//! (Kubernetes sets those). This is the only place that reads the environment; the rest of the
-//! program is handed a `Settings`.
+//! (Kubernetes sets those). This is the only place that reads the environment; only `main` and the
+//! composition root (`server`) read a `Settings`, and they hand the floors below plain values.
+//! The command line's names for the domain's choices (failure mode, headers, log format) are
+//! defined here and mapped onto the domain's enums, so those enums know nothing of clap.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::{EnumValueParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::limiter::FailureMode;
 use crate::service::HeadersMode;
+use crate::telemetry::LogFormat;
 
 #[derive(Parser)]
 #[command(
@@ -116,10 +120,63 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_micros(value.saturating_mul(scale_us)))
 }
 
+/// `--failure-mode` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+enum FailureModeArg {
+    /// Allow the request (fail open, like Envoy's default and Stripe's limiter).
+    Allow,
+    /// Refuse the request (fail closed).
+    Deny,
+    /// Count in this process's memory until the store answers again.
+    Local,
+}
+
+impl From<FailureModeArg> for FailureMode {
+    fn from(arg: FailureModeArg) -> Self {
+        match arg {
+            FailureModeArg::Allow => FailureMode::Allow,
+            FailureModeArg::Deny => FailureMode::Deny,
+            FailureModeArg::Local => FailureMode::Local,
+        }
+    }
+}
+
+/// `--response-headers` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum HeadersArg {
+    /// None (Envoy's default).
+    Off,
+    /// `x-ratelimit-limit`, `-remaining`, `-reset` as in draft-polli-ratelimit-headers-03, the
+    /// format Envoy itself writes; plus `retry-after` when over the limit.
+    Draft03,
+    /// `ratelimit-limit`, `-remaining`, `-reset` and `ratelimit-policy`; plus `retry-after`.
+    Ietf,
+}
+
+impl From<HeadersArg> for HeadersMode {
+    fn from(arg: HeadersArg) -> Self {
+        match arg {
+            HeadersArg::Off => HeadersMode::Off,
+            HeadersArg::Draft03 => HeadersMode::Draft03,
+            HeadersArg::Ietf => HeadersMode::Ietf,
+        }
+    }
+}
+
+/// `--log-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormatArg {
     Text,
     Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(arg: LogFormatArg) -> Self {
+        match arg {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
 }
 
 /// No `Debug`: the Redis URL and password must not be printable by accident.
@@ -192,16 +249,16 @@ pub struct Settings {
     #[arg(
         long,
         env = "PORTCULLIS_FAILURE_MODE",
-        value_enum,
-        default_value = "allow"
+        default_value = "allow",
+        value_parser = EnumValueParser::<FailureModeArg>::new().map(FailureMode::from)
     )]
     pub failure_mode: FailureMode,
     /// Rate-limit headers added to responses.
     #[arg(
         long,
         env = "PORTCULLIS_RESPONSE_HEADERS",
-        value_enum,
-        default_value = "off"
+        default_value = "off",
+        value_parser = EnumValueParser::<HeadersArg>::new().map(HeadersMode::from)
     )]
     pub response_headers: HeadersMode,
     /// Count everything but never answer OVER_LIMIT (trying rules out in production).
@@ -237,8 +294,8 @@ pub struct Settings {
     #[arg(
         long,
         env = "PORTCULLIS_LOG_FORMAT",
-        value_enum,
-        default_value = "text"
+        default_value = "text",
+        value_parser = EnumValueParser::<LogFormatArg>::new().map(LogFormat::from)
     )]
     pub log_format: LogFormat,
 }
@@ -280,5 +337,37 @@ impl Settings {
             log_level: "warn".into(),
             log_format: LogFormat::Text,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_reach_debug_output() {
+        assert_eq!(format!("{:?}", Secret("hunter2".into())), "<redacted>");
+    }
+
+    #[test]
+    fn command_line_names_map_onto_the_domain() {
+        let cli = Cli::try_parse_from([
+            "portcullis",
+            "serve",
+            "--failure-mode",
+            "local",
+            "--response-headers",
+            "draft03",
+            "--log-format",
+            "json",
+        ])
+        .expect("parses");
+        let Command::Serve(settings) = cli.command else {
+            panic!("serve expected");
+        };
+        assert_eq!(settings.failure_mode, FailureMode::Local);
+        assert_eq!(settings.response_headers, HeadersMode::Draft03);
+        assert_eq!(settings.log_format, LogFormat::Json);
+        assert!(Cli::try_parse_from(["portcullis", "serve", "--failure-mode", "maybe"]).is_err());
     }
 }

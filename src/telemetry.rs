@@ -6,6 +6,10 @@
 //! sampler: parent-based by default, so Envoy's sampling decision is followed). When it is not
 //! set, no exporter and no OpenTelemetry layer exist at all.
 //! Metrics: the Prometheus registry below, served at `/metrics`.
+//!
+//! This module takes plain values (a level, a format, an endpoint) and imports nothing else from
+//! the crate: every floor may count and log. It must never label a series with raw request data
+//! unless a rule asks for it (`detailed_metric`).
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -13,7 +17,15 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::settings::LogFormat;
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (log collectors).
+    Json,
+}
 
 /// Keeps the trace exporter alive; `shutdown` flushes the spans still buffered.
 #[derive(Default)]

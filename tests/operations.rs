@@ -560,7 +560,7 @@ async fn grpc_over_mtls_with_certificates_rotated_without_a_restart() {
     settings.grpc_tls_cert = Some(d.join("tls.crt"));
     settings.grpc_tls_key = Some(d.join("tls.key"));
     settings.grpc_tls_client_ca = Some(d.join("clients.crt"));
-    let running = portcullis::service::start(
+    let running = portcullis::server::start(
         &settings,
         std::sync::Arc::new(portcullis::clock::ManualClock::new(common::START_US)),
     )

@@ -10,7 +10,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::{Check, Decision, Limit};
+use crate::algorithm::{Check, Decision, Limit};
 
 const SHARDS: usize = 16;
 /// Above this many entries in a shard, expired ones are dropped on insert.

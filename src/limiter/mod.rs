@@ -1,172 +1,24 @@
-//! The rate-limit math and the types every layer speaks: `Limit` (what a rule says, in numbers),
-//! `Check` (one descriptor ready to count) and `Decision` (what a store answers).
+//! The policy over a store: every call to the store has a deadline; when the store errs or misses
+//! it, the failure mode answers (allow, deny, or count locally), the failure is counted and logged
+//! (at most once a second); refusals the store made are remembered until their retry time (the deny
+//! cache). It sits above `store` and below the service.
 //!
-//! The algorithms are pure functions over (state, now, hits): no I/O, no clock of their own. The
-//! memory store runs them directly; the Redis scripts run the same state transition in Lua and hand
-//! the state back, so the numbers reported to Envoy are computed by the same Rust code for both.
+//! It must never cache a failure-mode answer (that says nothing about the budget) nor hide a
+//! failure: every one is counted in the metrics.
 
 pub mod deny_cache;
-pub mod fixed_window;
-pub mod key;
-pub mod sliding_window;
-pub mod token_bucket;
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::algorithm::{Check, Decision, Limit};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{KindLabels, Metrics, ModeLabels};
 use deny_cache::DenyCache;
 
-/// Microseconds per second, the unit every window is expressed in internally.
-pub const US_PER_SECOND: u64 = 1_000_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Algorithm {
-    #[default]
-    SlidingWindow,
-    TokenBucket,
-    FixedWindow,
-}
-
-impl Algorithm {
-    /// Short tag used in storage keys and listings; changing one orphans stored counters.
-    pub fn tag(self) -> &'static str {
-        match self {
-            Algorithm::SlidingWindow => "sw",
-            Algorithm::TokenBucket => "tb",
-            Algorithm::FixedWindow => "fw",
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::FixedWindow => "fixed_window",
-        }
-    }
-}
-
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A limit in numbers: `requests` per `window_us`, with `burst` as the token bucket's capacity
-/// (equal to `requests` for the other algorithms).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Limit {
-    pub algorithm: Algorithm,
-    pub requests: u64,
-    pub window_us: u64,
-    pub burst: u64,
-}
-
-impl Limit {
-    /// The most hits this limit could ever admit at once; a request costing more never passes.
-    pub fn capacity(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::TokenBucket => self.burst,
-            _ => self.requests,
-        }
-    }
-}
-
-/// One descriptor, resolved to a limit, ready to count. `key` identifies the counter and is the
-/// same string in every store (the Redis store adds its prefix).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
-    pub key: String,
-    pub limit: Limit,
-    pub hits: u64,
-}
-
-/// What a store answers for one check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    pub allowed: bool,
-    /// The limit's capacity, as reported to the client.
-    pub limit: u64,
-    /// What could still be spent now, after this request.
-    pub remaining: u64,
-    /// When the counter is back to full (nothing spent).
-    pub reset_after: Duration,
-    /// Denied only: when this same request would pass; `None` when waiting never helps
-    /// (the request costs more than the limit's capacity) or when it was allowed.
-    pub retry_after: Option<Duration>,
-}
-
-/// Decision for a limit of zero requests: nothing but a check-only call passes, and no state is
-/// kept (there is nothing to count).
-pub fn zero_limit_decision(hits: u64) -> Decision {
-    Decision {
-        allowed: hits == 0,
-        limit: 0,
-        remaining: 0,
-        reset_after: Duration::ZERO,
-        retry_after: None,
-    }
-}
-
-/// The state one counter keeps, whichever store holds it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
-    Sliding(sliding_window::SlidingState),
-    Bucket(token_bucket::BucketState),
-    Fixed(fixed_window::FixedState),
-}
-
-impl State {
-    pub fn empty(algorithm: Algorithm) -> State {
-        match algorithm {
-            Algorithm::SlidingWindow => State::Sliding(Default::default()),
-            Algorithm::TokenBucket => State::Bucket(Default::default()),
-            Algorithm::FixedWindow => State::Fixed(Default::default()),
-        }
-    }
-}
-
-/// The result of running one check against a state: the decision, and how long the state must
-/// be kept (0 = the state is back to empty and can be dropped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
-    pub decision: Decision,
-    pub keep_for_us: u64,
-}
-
-/// Runs one check against `state` (replacing it with an empty state when its algorithm differs),
-/// updating it when the hits are admitted.
-pub fn apply(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
-    if limit.requests == 0 {
-        *state = State::empty(limit.algorithm);
-        return Outcome {
-            decision: zero_limit_decision(hits),
-            keep_for_us: 0,
-        };
-    }
-    match (limit.algorithm, &mut *state) {
-        (Algorithm::SlidingWindow, State::Sliding(s)) => {
-            sliding_window::check(s, now_us, limit, hits)
-        }
-        (Algorithm::TokenBucket, State::Bucket(s)) => token_bucket::check(s, now_us, limit, hits),
-        (Algorithm::FixedWindow, State::Fixed(s)) => fixed_window::check(s, now_us, limit, hits),
-        (algorithm, _) => {
-            *state = State::empty(algorithm);
-            apply(state, now_us, limit, hits)
-        }
-    }
-}
-
-pub(crate) fn us(duration_us: u64) -> Duration {
-    Duration::from_micros(duration_us)
-}
-
 /// What to answer when the store errs or misses its deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureMode {
     /// Allow the request (fail open, like Envoy's default and Stripe's limiter).
     #[default]
@@ -175,6 +27,16 @@ pub enum FailureMode {
     Deny,
     /// Count in this process's memory until the store answers again.
     Local,
+}
+
+/// How the limiter treats its store.
+#[derive(Debug, Clone, Copy)]
+pub struct LimiterConfig {
+    /// Longest wait for one store call; past it the failure mode answers.
+    pub deadline: Duration,
+    pub failure_mode: FailureMode,
+    /// Refuse checks the store refused until their retry time, without asking it again.
+    pub deny_cache: bool,
 }
 
 /// Turns resolved checks into decisions through a store, within a deadline, answering by the
@@ -193,41 +55,34 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// A limiter whose store is trusted to answer (the memory store).
+    /// A limiter whose store is trusted to answer (the memory store): no practical deadline, no
+    /// deny cache (the store itself answers as fast).
     pub fn new(store: Box<dyn Store>, metrics: Arc<Metrics>) -> Self {
-        Self::with_deadline(
-            store,
-            Duration::from_secs(3600),
-            FailureMode::Allow,
-            None,
-            metrics,
-        )
+        let config = LimiterConfig {
+            deadline: Duration::from_secs(3600),
+            failure_mode: FailureMode::Allow,
+            deny_cache: false,
+        };
+        Self::with_policy(store, config, None, metrics)
     }
 
-    /// `fallback` serves `FailureMode::Local`.
-    pub fn with_deadline(
+    /// A limiter over a store that can fail; `fallback` serves `FailureMode::Local`.
+    pub fn with_policy(
         store: Box<dyn Store>,
-        deadline: Duration,
-        failure_mode: FailureMode,
+        config: LimiterConfig,
         fallback: Option<Box<dyn Store>>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             store,
-            deadline,
-            failure_mode,
+            deadline: config.deadline,
+            failure_mode: config.failure_mode,
             fallback,
             metrics,
             unlogged_failures: AtomicU64::new(0),
             last_failure_log: Mutex::new(None),
-            deny_cache: None,
+            deny_cache: config.deny_cache.then(DenyCache::default),
         }
-    }
-
-    /// Refuses checks the store has refused until their retry time, without asking it again.
-    pub fn with_deny_cache(mut self) -> Self {
-        self.deny_cache = Some(DenyCache::default());
-        self
     }
 
     fn log_failure(&self, error: &StoreError) {
@@ -372,10 +227,7 @@ fn failed_closed(limit: &Limit) -> Decision {
         allowed: false,
         limit: limit.capacity(),
         remaining: 0,
-        reset_after: us(limit.window_us),
-        retry_after: Some(us(limit.window_us)),
+        reset_after: Duration::from_micros(limit.window_us),
+        retry_after: Some(Duration::from_micros(limit.window_us)),
     }
 }
-
-#[cfg(test)]
-mod model_tests;

@@ -3,7 +3,9 @@
 //! skipped. All problems of all files are collected, so `portcullis check` lists every one.
 
 use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -81,7 +83,7 @@ fn plain_message(rendered: &str) -> String {
 }
 
 /// The rule files of a directory, sorted by name.
-pub(crate) fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, RulesError> {
+fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, RulesError> {
     let read = std::fs::read_dir(dir).map_err(|source| RulesError::Dir {
         dir: dir.to_path_buf(),
         source,
@@ -105,25 +107,66 @@ pub(crate) fn rule_files(dir: &Path) -> Result<Vec<PathBuf>, RulesError> {
     Ok(files)
 }
 
-/// Loads and validates every rules file of `dir`; all or nothing.
-pub fn load_dir(dir: &Path) -> Result<Snapshot, RulesError> {
-    let files = rule_files(dir)?;
+/// The bytes of every rule file of a directory, read once: what is fingerprinted is what is
+/// parsed, so a file that changes between the two can never be half-seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleFiles {
+    /// (path, contents), sorted by path.
+    pub files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+impl RuleFiles {
+    /// A hash of every file's name and contents: equal fingerprints, same rules.
+    pub fn fingerprint(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        for (path, bytes) in &self.files {
+            path.file_name().hash(&mut hasher);
+            bytes.hash(&mut hasher);
+        }
+        hasher.finish()
+    }
+}
+
+/// Reads every rule file of `dir` (a file that cannot be read is an error for the whole set).
+pub fn read_dir(dir: &Path) -> Result<RuleFiles, RulesError> {
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    for path in rule_files(dir)? {
+        match std::fs::read(&path) {
+            Ok(bytes) => files.push((path, bytes)),
+            Err(e) => errors.push(RuleError {
+                file: path,
+                line: 1,
+                field: "file".into(),
+                message: format!("cannot read: {e}"),
+            }),
+        }
+    }
+    if errors.is_empty() {
+        Ok(RuleFiles { files })
+    } else {
+        Err(RulesError::Invalid(errors))
+    }
+}
+
+/// Validates a set of rule files into a snapshot; all or nothing.
+pub fn parse(set: &RuleFiles) -> Result<Snapshot, RulesError> {
     let mut errors = Vec::new();
     let mut domains: HashMap<String, Domain> = HashMap::new();
-    for path in &files {
-        let text = match std::fs::read_to_string(path) {
+    for (path, bytes) in &set.files {
+        let text = match std::str::from_utf8(bytes) {
             Ok(text) => text,
             Err(e) => {
                 errors.push(RuleError {
                     file: path.clone(),
                     line: 1,
                     field: "file".into(),
-                    message: format!("cannot read: {e}"),
+                    message: format!("cannot read: not UTF-8 text ({e})"),
                 });
                 continue;
             }
         };
-        let Some(domain) = parse_file(path, &text, &mut errors) else {
+        let Some(domain) = parse_file(path, text, &mut errors) else {
             continue;
         };
         if let Some(first) = domains.get(&domain.name) {
@@ -146,6 +189,12 @@ pub fn load_dir(dir: &Path) -> Result<Snapshot, RulesError> {
     Ok(Snapshot {
         domains,
         loaded_at: SystemTime::now(),
-        files,
+        files: set.files.iter().map(|(path, _)| path.clone()).collect(),
+        fingerprint: set.fingerprint(),
     })
+}
+
+/// Reads and validates every rules file of `dir`; all or nothing.
+pub fn load_dir(dir: &Path) -> Result<Snapshot, RulesError> {
+    parse(&read_dir(dir)?)
 }

@@ -8,7 +8,6 @@
 
 pub mod glob;
 mod load;
-pub mod reload;
 mod yaml;
 
 use std::collections::HashMap;
@@ -17,9 +16,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::limiter::{Algorithm, Limit, US_PER_SECOND};
+use crate::algorithm::{Algorithm, Limit, US_PER_SECOND};
 
-pub use load::{RuleError, RulesError, load_dir, parse_file};
+pub use load::{RuleError, RuleFiles, RulesError, load_dir, parse, parse_file, read_dir};
 
 /// The time units of the YAML (`week` is ours and the Go service's; Envoy's override enum has no
 /// week). Month and year are 30 and 365 days, as in envoyproxy/ratelimit.
@@ -265,6 +264,8 @@ pub struct Snapshot {
     domains: HashMap<String, Domain>,
     pub loaded_at: SystemTime,
     pub files: Vec<PathBuf>,
+    /// `RuleFiles::fingerprint` of the bytes these rules were parsed from.
+    pub fingerprint: u64,
 }
 
 impl Snapshot {
@@ -273,6 +274,7 @@ impl Snapshot {
             domains: HashMap::new(),
             loaded_at: SystemTime::now(),
             files: Vec::new(),
+            fingerprint: 0,
         }
     }
 

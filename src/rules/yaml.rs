@@ -11,7 +11,7 @@ use serde_saphyr::Spanned;
 
 use super::load::RuleError;
 use super::{Domain, KeyMatchers, Level, Node, Rule, Source, Unit};
-use crate::limiter::{Algorithm, Limit};
+use crate::algorithm::{Algorithm, Limit};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limiter::{Check, Decision};
+use crate::algorithm::{Check, Decision};
 use crate::pb::{HeaderValue, RateLimitResponse, rate_limit_response};
 use crate::rules::{Rule, Unit};
 
 use rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
 
 /// Which rate-limit headers to add to the response Envoy sends downstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeadersMode {
     /// None (Envoy's default).
     #[default]
@@ -92,7 +92,7 @@ fn status(p: &Planned) -> DescriptorStatus {
     }
 }
 
-pub fn build(planned: &[Planned], config: &super::rls::ServiceConfig) -> RateLimitResponse {
+pub fn build(planned: &[Planned], config: &super::decider::ServiceConfig) -> RateLimitResponse {
     let statuses: Vec<DescriptorStatus> = planned.iter().map(status).collect();
     let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
     let overall = if over && !config.global_shadow_mode {

@@ -1,307 +1,16 @@
-//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`: validate the request, resolve
-//! each descriptor to a rule, count what needs counting in one store call, answer in request order.
-//! Input never panics this code: every bad request gets INVALID_ARGUMENT saying what is wrong.
+//! The gRPC face: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over tonic. It
+//! opens one span per call (its parent from Envoy's W3C `traceparent`), counts calls and latency,
+//! and hands the request to the `Decider`. It must never decide anything itself.
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::response::{self, HeadersMode, Planned};
-use crate::limiter::{Algorithm, Check, Limiter, key};
-use crate::pb::{
-    RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit, rate_limit_descriptor,
-};
-use crate::rules::{Entry, Lookup, Rule, Snapshot, Unit};
-use crate::telemetry::{CodeLabels, Metrics, RuleLabels};
-
-impl Entry for rate_limit_descriptor::Entry {
-    fn key(&self) -> &str {
-        &self.key
-    }
-    fn value(&self) -> &str {
-        &self.value
-    }
-}
-
-/// Request limits and response options, fixed at start-up.
-#[derive(Debug, Clone)]
-pub struct ServiceConfig {
-    pub response_headers: HeadersMode,
-    /// Never answer OVER_LIMIT overall (counts still happen).
-    pub global_shadow_mode: bool,
-    pub max_descriptors: usize,
-    pub max_entries: usize,
-}
-
-impl Default for ServiceConfig {
-    fn default() -> Self {
-        Self {
-            response_headers: HeadersMode::Off,
-            global_shadow_mode: false,
-            max_descriptors: 512,
-            max_entries: 64,
-        }
-    }
-}
-
-/// The rate-limit decision service, shared by gRPC and the admin `/json` endpoint.
-pub struct RateLimiter {
-    rules: Arc<ArcSwap<Snapshot>>,
-    limiter: Arc<Limiter>,
-    config: ServiceConfig,
-    metrics: Arc<Metrics>,
-}
-
-impl RateLimiter {
-    pub fn new(
-        rules: Arc<ArcSwap<Snapshot>>,
-        limiter: Arc<Limiter>,
-        config: ServiceConfig,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
-            rules,
-            limiter,
-            config,
-            metrics,
-        }
-    }
-
-    /// Answers one request.
-    pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        self.validate(request)?;
-        // One snapshot for the whole call: a reload in the middle never mixes two rule sets.
-        let rules = self.rules.load_full();
-        let request_hits = u64::from(request.hits_addend.max(1));
-        let mut planned: Vec<Planned> = request
-            .descriptors
-            .iter()
-            .map(|d| plan(&rules, &request.domain, d, request_hits))
-            .collect();
-        apply_replaces(&mut planned);
-
-        let checks: Vec<Check> = planned.iter().filter_map(|p| p.check.clone()).collect();
-        let decisions = self
-            .limiter
-            .check(&checks)
-            .await
-            .map_err(|e| Status::unavailable(format!("rate-limit store: {e}")))?;
-        if decisions.len() != checks.len() {
-            return Err(Status::internal(format!(
-                "store answered {} decisions for {} checks",
-                decisions.len(),
-                checks.len()
-            )));
-        }
-        let mut decisions = decisions.into_iter();
-        for p in planned.iter_mut().filter(|p| p.check.is_some()) {
-            p.decision = decisions.next();
-        }
-        self.count(&request.domain, &request.descriptors, &planned);
-        Ok(response::build(&planned, &self.config))
-    }
-
-    /// Per-rule metrics, as envoyproxy/ratelimit counts them: in hits, not calls.
-    fn count(&self, domain: &str, descriptors: &[RateLimitDescriptor], planned: &[Planned]) {
-        if planned.iter().any(|p| p.unknown_domain) {
-            self.metrics.unknown_domain.inc();
-        }
-        for (p, d) in planned.iter().zip(descriptors) {
-            let Some(rule) = &p.rule else { continue };
-            let labels = RuleLabels {
-                domain: domain.to_owned(),
-                rule: if rule.detailed_metric {
-                    override_full_key(domain, &d.entries)
-                } else {
-                    rule.full_key.clone()
-                },
-            };
-            // Counters are u64; a pathological hits_addend must not wrap them.
-            let hits = p.hits.min(u64::from(u32::MAX));
-            self.metrics.rule_hits.get_or_create(&labels).inc_by(hits);
-            match p.decision {
-                None => {
-                    self.metrics
-                        .rule_within_limit
-                        .get_or_create(&labels)
-                        .inc_by(hits);
-                }
-                Some(decision) if decision.allowed => {
-                    self.metrics
-                        .rule_within_limit
-                        .get_or_create(&labels)
-                        .inc_by(hits);
-                    let used = decision.limit.saturating_sub(decision.remaining) as f64;
-                    if used > decision.limit as f64 * self.metrics.near_limit_ratio {
-                        self.metrics
-                            .rule_near_limit
-                            .get_or_create(&labels)
-                            .inc_by(hits);
-                    }
-                }
-                Some(_) => {
-                    self.metrics
-                        .rule_over_limit
-                        .get_or_create(&labels)
-                        .inc_by(hits);
-                    if rule.shadow_mode {
-                        self.metrics
-                            .rule_shadow_mode
-                            .get_or_create(&labels)
-                            .inc_by(hits);
-                    }
-                }
-            }
-        }
-    }
-
-    fn validate(&self, request: &RateLimitRequest) -> Result<(), Status> {
-        if request.domain.is_empty() {
-            return Err(Status::invalid_argument("domain must not be empty"));
-        }
-        if request.descriptors.is_empty() {
-            return Err(Status::invalid_argument("descriptors must not be empty"));
-        }
-        if request.descriptors.len() > self.config.max_descriptors {
-            return Err(Status::invalid_argument(format!(
-                "{} descriptors is more than the {} allowed in one request",
-                request.descriptors.len(),
-                self.config.max_descriptors
-            )));
-        }
-        for (i, d) in request.descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return Err(Status::invalid_argument(format!(
-                    "descriptors[{i}] has no entries"
-                )));
-            }
-            if d.entries.len() > self.config.max_entries {
-                return Err(Status::invalid_argument(format!(
-                    "descriptors[{i}] has {} entries, more than the {} allowed",
-                    d.entries.len(),
-                    self.config.max_entries
-                )));
-            }
-            if let Some((j, _)) = d.entries.iter().enumerate().find(|(_, e)| e.key.is_empty()) {
-                return Err(Status::invalid_argument(format!(
-                    "descriptors[{i}].entries[{j}].key must not be empty"
-                )));
-            }
-            if let Some(limit) = &d.limit
-                && override_unit(limit.unit).is_none()
-            {
-                return Err(Status::invalid_argument(format!(
-                    "descriptors[{i}].limit.unit must be one of SECOND, MINUTE, HOUR, DAY, MONTH, YEAR (got {})",
-                    limit.unit
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-fn override_unit(unit: i32) -> Option<Unit> {
-    match RateLimitUnit::try_from(unit).ok()? {
-        RateLimitUnit::Unknown => None,
-        RateLimitUnit::Second => Some(Unit::Second),
-        RateLimitUnit::Minute => Some(Unit::Minute),
-        RateLimitUnit::Hour => Some(Unit::Hour),
-        RateLimitUnit::Day => Some(Unit::Day),
-        RateLimitUnit::Month => Some(Unit::Month),
-        RateLimitUnit::Year => Some(Unit::Year),
-    }
-}
-
-/// Resolves one descriptor: which rule, what it costs, which counter.
-fn plan(rules: &Snapshot, domain: &str, d: &RateLimitDescriptor, request_hits: u64) -> Planned {
-    // A per-descriptor hits_addend wins when present, even 0 ("check only").
-    let hits = d.hits_addend.unwrap_or(request_hits);
-    let lookup = rules.resolve(domain, &d.entries);
-    let rule: Option<Arc<Rule>> = match (lookup, &d.limit) {
-        // Like the Go service, an override needs a known domain.
-        (Lookup::UnknownDomain, _) => None,
-        (_, Some(o)) => override_unit(o.unit).map(|unit| {
-            Arc::new(Rule {
-                full_key: override_full_key(domain, &d.entries),
-                domain: domain.to_owned(),
-                limit: Some(crate::limiter::Limit {
-                    algorithm: Algorithm::default(),
-                    requests: u64::from(o.requests_per_unit),
-                    window_us: unit.window_us(),
-                    burst: u64::from(o.requests_per_unit),
-                }),
-                requests_per_unit: o.requests_per_unit,
-                unit: Some(unit),
-                name: None,
-                replaces: Vec::new(),
-                shadow_mode: false,
-                detailed_metric: false,
-                source: None,
-            })
-        }),
-        (Lookup::Rule(rule), None) => Some(rule.clone()),
-        (Lookup::NoRule, None) => None,
-    };
-    let check = rule.as_ref().and_then(|rule| {
-        rule.limit.map(|limit| Check {
-            key: key::counter_key(
-                domain,
-                d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-                &limit,
-                d.limit.as_ref().map(|o| u64::from(o.requests_per_unit)),
-            ),
-            limit,
-            hits,
-        })
-    });
-    Planned {
-        rule,
-        check,
-        hits,
-        decision: None,
-        unknown_domain: matches!(lookup, Lookup::UnknownDomain),
-    }
-}
-
-/// `domain.key_value.key`, the Go service's name for a request-carried limit.
-fn override_full_key(domain: &str, entries: &[rate_limit_descriptor::Entry]) -> String {
-    let mut full = String::from(domain);
-    for e in entries {
-        full.push('.');
-        full.push_str(&e.key);
-        if !e.value.is_empty() {
-            full.push('_');
-            full.push_str(&e.value);
-        }
-    }
-    full
-}
-
-/// A limited rule with `replaces` drops the named limits of the same call: those descriptors
-/// answer OK and are not counted (envoyproxy/ratelimit's semantics).
-fn apply_replaces(planned: &mut [Planned]) {
-    let replaced: Vec<String> = planned
-        .iter()
-        .filter_map(|p| p.rule.as_ref())
-        .filter(|r| !r.is_unlimited())
-        .flat_map(|r| r.replaces.iter().cloned())
-        .collect();
-    if replaced.is_empty() {
-        return;
-    }
-    for p in planned.iter_mut() {
-        let is_replaced = p.rule.as_ref().is_some_and(|r| {
-            !r.is_unlimited() && r.name.as_ref().is_some_and(|n| replaced.contains(n))
-        });
-        if is_replaced {
-            p.rule = None;
-            p.check = None;
-        }
-    }
-}
+use super::decider::Decider;
+use crate::pb::{RateLimitRequest, RateLimitResponse};
+use crate::telemetry::CodeLabels;
 
 /// Reads W3C trace context from gRPC metadata.
 struct MetadataExtractor<'a>(&'a tonic::metadata::MetadataMap);
@@ -322,11 +31,11 @@ impl opentelemetry::propagation::Extractor for MetadataExtractor<'_> {
     }
 }
 
-/// The tonic face of `RateLimiter`.
-pub struct GrpcService(pub Arc<RateLimiter>);
+/// The tonic service: what Envoy calls.
+pub struct RlsService(pub Arc<Decider>);
 
 #[tonic::async_trait]
-impl crate::pb::RateLimitService for GrpcService {
+impl crate::pb::RateLimitService for RlsService {
     async fn should_rate_limit(
         &self,
         request: Request<RateLimitRequest>,
@@ -345,7 +54,7 @@ impl crate::pb::RateLimitService for GrpcService {
         let _ = span.set_parent(parent);
         let started = std::time::Instant::now();
         let result = self.0.decide(&request).instrument(span.clone()).await;
-        let metrics = &self.0.metrics;
+        let metrics = self.0.metrics();
         metrics
             .call_seconds
             .observe(started.elapsed().as_secs_f64());

@@ -1,6 +1,6 @@
 //! The embedded store: counters in process memory. It is the default for a single replica and the
 //! reference model the Redis scripts are tested against, so it runs the algorithms exactly as they
-//! are written in `limiter`, nothing more.
+//! are written in `algorithm`, nothing more.
 //!
 //! Sharded so that concurrent calls for different descriptors rarely meet on one lock; no lock is
 //! held across an await. Keys expire when their state is back to empty, and a sweeper removes
@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use super::{Store, StoreFuture};
+use crate::algorithm::{self, Check, Decision, State};
 use crate::clock::Clock;
-use crate::limiter::{self, Check, Decision, State};
 
 const SHARDS: usize = 64;
 
@@ -60,7 +60,7 @@ impl MemoryStore {
             }
             _ => fresh(),
         };
-        let outcome = limiter::apply(&mut state, now_us, &check.limit, check.hits);
+        let outcome = algorithm::apply(&mut state, now_us, &check.limit, check.hits);
         if outcome.keep_for_us == 0 {
             shard.remove(check.key.as_str());
         } else {
@@ -144,8 +144,8 @@ impl Store for Arc<MemoryStore> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Algorithm, Limit};
     use crate::clock::ManualClock;
-    use crate::limiter::{Algorithm, Limit};
 
     fn check(key: String, algorithm: Algorithm) -> Check {
         Check {

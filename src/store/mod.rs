@@ -7,7 +7,7 @@ pub mod redis;
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::limiter::{Check, Decision};
+use crate::algorithm::{Check, Decision};
 
 pub use self::redis::RedisStore;
 pub use memory::MemoryStore;

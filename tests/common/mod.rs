@@ -9,7 +9,7 @@ use portcullis::pb::{
     RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitServiceClient,
     rate_limit_descriptor,
 };
-use portcullis::service::{self, Running};
+use portcullis::server::{self, Running};
 use portcullis::settings::Settings;
 use tonic::transport::Channel;
 
@@ -39,7 +39,7 @@ impl TestServer {
         let mut settings = Settings::for_tests(dir.path().to_path_buf());
         adjust(&mut settings);
         let clock = ManualClock::new(START_US);
-        let running = service::start(&settings, Arc::new(clock.clone()))
+        let running = server::start(&settings, Arc::new(clock.clone()))
             .await
             .expect("server starts");
         let client = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))

@@ -17,7 +17,7 @@ pub use script::ScriptClock;
 
 use self::connection::{Backend, breaks_connection};
 use super::{PingFuture, Store, StoreError, StoreFuture};
-use crate::limiter::{Check, Decision, zero_limit_decision};
+use crate::algorithm::{Check, Decision, zero_limit_decision};
 
 pub struct RedisStore {
     backend: Backend,

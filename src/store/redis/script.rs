@@ -10,10 +10,10 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
-use crate::limiter::fixed_window::{self, FixedState};
-use crate::limiter::sliding_window::{self, SlidingState};
-use crate::limiter::token_bucket::{self, BucketState};
-use crate::limiter::{Algorithm, Check, Decision, Outcome};
+use crate::algorithm::fixed_window::{self, FixedState};
+use crate::algorithm::sliding_window::{self, SlidingState};
+use crate::algorithm::token_bucket::{self, BucketState};
+use crate::algorithm::{Algorithm, Check, Decision, Outcome};
 use crate::store::StoreError;
 
 pub const SOURCE: &str = concat!(

@@ -1,4 +1,5 @@
-//! The admin HTTP listener:
+//! The admin HTTP listener, a face beside gRPC on the same call path (it calls the `Decider`,
+//! never the other way round):
 //! - `/healthz`: the process answers (liveness; never depends on a store),
 //! - `/readyz`: rules loaded and not draining; the store's state is reported in the body and fails
 //!   readiness only with `--ready-requires-store`,
@@ -17,16 +18,16 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use super::{Decider, json};
 use crate::limiter::Limiter;
 use crate::rules::Snapshot;
-use crate::service::{RateLimiter, json};
 use crate::telemetry::Metrics;
 
 #[derive(Clone)]
 pub struct AdminState {
     pub rules: Arc<ArcSwap<Snapshot>>,
     pub limiter: Arc<Limiter>,
-    pub service: Arc<RateLimiter>,
+    pub decider: Arc<Decider>,
     pub metrics: Arc<Metrics>,
     pub draining: Arc<AtomicBool>,
     pub ready_requires_store: bool,
@@ -95,7 +96,7 @@ async fn json_call(State(state): State<AdminState>, body: axum::body::Bytes) -> 
         Ok(r) => r,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
     };
-    match state.service.decide(&request).await {
+    match state.decider.decide(&request).await {
         Ok(response) => {
             let status = if response.overall_code
                 == crate::pb::rate_limit_response::Code::OverLimit as i32

@@ -1,7 +1,8 @@
 //! TLS for the gRPC listener, optionally verifying client certificates (mTLS), with the files
-//! re-read when they change: certificates are rotated (cert-manager, a Kubernetes secret) without
-//! a restart. Each accepted connection is handshaken with whichever rustls config is current; a
-//! rotated set that does not load is refused, logged, and the previous one stays in use.
+//! re-read when they change (through `watch`, like the rules): certificates are rotated
+//! (cert-manager, a Kubernetes secret) without a restart. Each accepted connection is handshaken
+//! with whichever rustls config is current; a rotated set that does not load is refused, logged,
+//! and the previous one stays in use. It must never serve without the configured client check.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -19,6 +20,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use super::watch::Watched;
+
 /// Where the server's certificate, key and (for mTLS) client CA come from.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
@@ -31,43 +34,47 @@ pub struct TlsFiles {
 #[error("TLS files: {0}")]
 pub struct TlsError(String);
 
+/// The bytes of the TLS files, read once: what is fingerprinted is what is loaded.
+pub struct TlsBytes {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
 impl TlsFiles {
-    fn paths(&self) -> impl Iterator<Item = &Path> {
-        [
-            Some(self.cert.as_path()),
-            Some(self.key.as_path()),
-            self.client_ca.as_deref(),
-        ]
-        .into_iter()
-        .flatten()
-    }
-
-    fn fingerprint(&self) -> u64 {
+    /// Reads the files; the fingerprint covers exactly the bytes returned.
+    pub fn read(&self) -> Result<(u64, TlsBytes), TlsError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|e| TlsError(format!("{}: {e}", path.display())))
+        };
+        let bytes = TlsBytes {
+            cert: read(&self.cert)?,
+            key: read(&self.key)?,
+            client_ca: self.client_ca.as_deref().map(read).transpose()?,
+        };
         let mut hasher = DefaultHasher::new();
-        for path in self.paths() {
-            std::fs::read(path).ok().hash(&mut hasher);
-        }
-        hasher.finish()
+        bytes.cert.hash(&mut hasher);
+        bytes.key.hash(&mut hasher);
+        bytes.client_ca.hash(&mut hasher);
+        Ok((hasher.finish(), bytes))
     }
 
-    /// Reads the files into a rustls config (HTTP/2 only: gRPC).
-    pub fn load(&self) -> Result<Arc<ServerConfig>, TlsError> {
+    /// Builds a rustls config (HTTP/2 only: gRPC) from bytes read from these files.
+    pub fn load(&self, bytes: &TlsBytes) -> Result<Arc<ServerConfig>, TlsError> {
         let context =
             |path: &Path, e: &dyn std::fmt::Display| TlsError(format!("{}: {e}", path.display()));
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
-            .map_err(|e| context(&self.cert, &e))?
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&bytes.cert)
             .collect::<Result<_, _>>()
             .map_err(|e| context(&self.cert, &e))?;
         if certs.is_empty() {
             return Err(context(&self.cert, &"no certificate in the file"));
         }
-        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| context(&self.key, &e))?;
+        let key = PrivateKeyDer::from_pem_slice(&bytes.key).map_err(|e| context(&self.key, &e))?;
         let builder = ServerConfig::builder();
-        let builder = match &self.client_ca {
-            None => builder.with_no_client_auth(),
-            Some(ca) => {
+        let builder = match (&self.client_ca, &bytes.client_ca) {
+            (Some(ca), Some(ca_bytes)) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in CertificateDer::pem_file_iter(ca).map_err(|e| context(ca, &e))? {
+                for cert in CertificateDer::pem_slice_iter(ca_bytes) {
                     roots
                         .add(cert.map_err(|e| context(ca, &e))?)
                         .map_err(|e| context(ca, &e))?;
@@ -77,6 +84,7 @@ impl TlsFiles {
                     .map_err(|e| context(ca, &e))?;
                 builder.with_client_cert_verifier(verifier)
             }
+            _ => builder.with_no_client_auth(),
         };
         let mut config = builder.with_single_cert(certs, key).map_err(|e| {
             TlsError(format!(
@@ -90,43 +98,52 @@ impl TlsFiles {
     }
 }
 
-/// Accepts TCP connections, handshakes TLS with the current config, and yields the TLS streams
+/// The TLS config in force, re-loaded by the file watcher when the files change.
+pub struct TlsWatch {
+    files: TlsFiles,
+    pub current: Arc<ArcSwap<ServerConfig>>,
+}
+
+impl TlsWatch {
+    /// Loads the files once (start-up fails on files that do not load); returns the watch and
+    /// the fingerprint of what is in force.
+    pub fn load(files: TlsFiles) -> Result<(TlsWatch, u64), TlsError> {
+        let (fingerprint, bytes) = files.read()?;
+        let config = files.load(&bytes)?;
+        let watch = TlsWatch {
+            files,
+            current: Arc::new(ArcSwap::new(config)),
+        };
+        Ok((watch, fingerprint))
+    }
+}
+
+impl Watched for TlsWatch {
+    type Content = TlsBytes;
+
+    fn what(&self) -> String {
+        format!("gRPC TLS certificate {}", self.files.cert.display())
+    }
+
+    fn read(&self) -> Result<(u64, TlsBytes), String> {
+        self.files.read().map_err(|e| e.to_string())
+    }
+
+    fn apply(&self, bytes: TlsBytes) -> Result<String, String> {
+        let config = self.files.load(&bytes).map_err(|e| e.to_string())?;
+        self.current.store(config);
+        Ok("new certificate in use for new connections".into())
+    }
+}
+
+/// Accepts TCP connections, handshakes TLS with the config in force, and yields the TLS streams
 /// for tonic. Handshakes run concurrently, each bounded, so one slow client holds up nobody.
 pub fn incoming(
     listener: TcpListener,
-    files: TlsFiles,
-    reload_interval: Duration,
+    current: Arc<ArcSwap<ServerConfig>>,
     mut stop: watch::Receiver<bool>,
-) -> Result<tokio_stream::wrappers::ReceiverStream<std::io::Result<TlsStream<TcpStream>>>, TlsError>
-{
-    let current = Arc::new(ArcSwap::new(files.load()?));
+) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
     let (sender, receiver) = mpsc::channel(64);
-    let watched = current.clone();
-    let mut watch_stop = stop.clone();
-    tokio::spawn(async move {
-        let mut applied = files.fingerprint();
-        let mut ticker = tokio::time::interval(reload_interval);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = watch_stop.wait_for(|s| *s) => break,
-            }
-            let seen = files.fingerprint();
-            if seen == applied {
-                continue;
-            }
-            applied = seen;
-            match files.load() {
-                Ok(config) => {
-                    watched.store(config);
-                    tracing::info!(cert = %files.cert.display(), "gRPC TLS certificate reloaded");
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "new gRPC TLS files refused; the previous ones stay in use")
-                }
-            }
-        }
-    });
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -154,5 +171,5 @@ pub fn incoming(
             });
         }
     });
-    Ok(tokio_stream::wrappers::ReceiverStream::new(receiver))
+    tokio_stream::wrappers::ReceiverStream::new(receiver)
 }

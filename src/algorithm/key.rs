@@ -55,7 +55,7 @@ pub fn counter_key<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Algorithm, US_PER_SECOND};
+    use crate::algorithm::{Algorithm, US_PER_SECOND};
 
     const LIMIT: Limit = Limit {
         algorithm: Algorithm::SlidingWindow,

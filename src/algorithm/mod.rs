@@ -1,0 +1,164 @@
+//! The rate-limit math and the types every layer above speaks: `Limit` (what a rule says, in
+//! numbers), `Check` (one descriptor ready to count), `Decision` (what a store answers), and the
+//! counter identity (`key`).
+//!
+//! The algorithms are pure functions over (state, now, hits). This floor must never do I/O, read a
+//! clock or import anything else from the crate: the memory store runs these functions directly,
+//! the Redis scripts run the same state transitions in Lua and hand the state back to `summarize`
+//! here, so the numbers Envoy sees come from this code whichever store counts.
+
+pub mod fixed_window;
+pub mod key;
+pub mod sliding_window;
+pub mod token_bucket;
+
+use std::fmt;
+use std::time::Duration;
+
+/// Microseconds per second, the unit every window is expressed in internally.
+pub const US_PER_SECOND: u64 = 1_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    #[default]
+    SlidingWindow,
+    TokenBucket,
+    FixedWindow,
+}
+
+impl Algorithm {
+    /// Short tag used in storage keys and listings; changing one orphans stored counters.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow => "sw",
+            Algorithm::TokenBucket => "tb",
+            Algorithm::FixedWindow => "fw",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A limit in numbers: `requests` per `window_us`, with `burst` as the token bucket's capacity
+/// (equal to `requests` for the other algorithms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub algorithm: Algorithm,
+    pub requests: u64,
+    pub window_us: u64,
+    pub burst: u64,
+}
+
+impl Limit {
+    /// The most hits this limit could ever admit at once; a request costing more never passes.
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket => self.burst,
+            _ => self.requests,
+        }
+    }
+}
+
+/// One descriptor, resolved to a limit, ready to count. `key` identifies the counter and is the
+/// same string in every store (the Redis store adds its prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub key: String,
+    pub limit: Limit,
+    pub hits: u64,
+}
+
+/// What a store answers for one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// The limit's capacity, as reported to the client.
+    pub limit: u64,
+    /// What could still be spent now, after this request.
+    pub remaining: u64,
+    /// When the counter is back to full (nothing spent).
+    pub reset_after: Duration,
+    /// Denied only: when this same request would pass; `None` when waiting never helps
+    /// (the request costs more than the limit's capacity) or when it was allowed.
+    pub retry_after: Option<Duration>,
+}
+
+/// Decision for a limit of zero requests: nothing but a check-only call passes, and no state is
+/// kept (there is nothing to count).
+pub fn zero_limit_decision(hits: u64) -> Decision {
+    Decision {
+        allowed: hits == 0,
+        limit: 0,
+        remaining: 0,
+        reset_after: Duration::ZERO,
+        retry_after: None,
+    }
+}
+
+/// The state one counter keeps, whichever store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    Sliding(sliding_window::SlidingState),
+    Bucket(token_bucket::BucketState),
+    Fixed(fixed_window::FixedState),
+}
+
+impl State {
+    pub fn empty(algorithm: Algorithm) -> State {
+        match algorithm {
+            Algorithm::SlidingWindow => State::Sliding(Default::default()),
+            Algorithm::TokenBucket => State::Bucket(Default::default()),
+            Algorithm::FixedWindow => State::Fixed(Default::default()),
+        }
+    }
+}
+
+/// The result of running one check against a state: the decision, and how long the state must
+/// be kept (0 = the state is back to empty and can be dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub decision: Decision,
+    pub keep_for_us: u64,
+}
+
+/// Runs one check against `state` (replacing it with an empty state when its algorithm differs),
+/// updating it when the hits are admitted.
+pub fn apply(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    if limit.requests == 0 {
+        *state = State::empty(limit.algorithm);
+        return Outcome {
+            decision: zero_limit_decision(hits),
+            keep_for_us: 0,
+        };
+    }
+    match (limit.algorithm, &mut *state) {
+        (Algorithm::SlidingWindow, State::Sliding(s)) => {
+            sliding_window::check(s, now_us, limit, hits)
+        }
+        (Algorithm::TokenBucket, State::Bucket(s)) => token_bucket::check(s, now_us, limit, hits),
+        (Algorithm::FixedWindow, State::Fixed(s)) => fixed_window::check(s, now_us, limit, hits),
+        (algorithm, _) => {
+            *state = State::empty(algorithm);
+            apply(state, now_us, limit, hits)
+        }
+    }
+}
+
+pub(crate) fn us(duration_us: u64) -> Duration {
+    Duration::from_micros(duration_us)
+}
+
+#[cfg(test)]
+mod model_tests;

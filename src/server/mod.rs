@@ -1,0 +1,312 @@
+//! The composition root: the one place that turns `Settings` into running parts. It loads the
+//! rules, builds the store and the limiter over it, binds the gRPC listener (`ShouldRateLimit`,
+//! `grpc.health.v1`, optionally TLS) and the admin listener, starts the file watchers (rules,
+//! certificate), and returns a handle that drains and stops all of it. The binary and the
+//! end-to-end tests start the server the same way. Nothing below this floor reads `Settings`.
+
+pub mod reload;
+pub mod tls;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::clock::Clock;
+use crate::limiter::{FailureMode, Limiter, LimiterConfig};
+use crate::pb::RateLimitServiceServer;
+use crate::rules::{self, RulesError};
+use crate::service::{Decider, RlsService, ServiceConfig, admin};
+use crate::settings::{Settings, StoreKind};
+use crate::store::redis::{RedisConfig, Topology};
+use crate::store::{MemoryStore, RedisStore, Store};
+use crate::telemetry::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("rules in {dir} refused:\n{source}")]
+    Rules { dir: String, source: RulesError },
+    #[error("{0}")]
+    Settings(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running server; dropping it does not stop it, `drain` or `shutdown` does.
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub metrics: Arc<Metrics>,
+    health: HealthReporter,
+    draining: Arc<AtomicBool>,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Graceful stop: report NOT_SERVING (gRPC health and `/readyz`) so that load balancers and
+    /// Envoy move away, keep answering for `period`, then stop accepting, let in-flight calls
+    /// finish, and return.
+    pub async fn drain(self, period: Duration) {
+        tracing::info!(?period, "draining: health reports NOT_SERVING");
+        self.draining.store(true, Ordering::Relaxed);
+        self.health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        self.health
+            .set_not_serving::<RateLimitServiceServer<RlsService>>()
+            .await;
+        tokio::time::sleep(period).await;
+        self.shutdown().await;
+    }
+
+    /// Stops accepting, lets in-flight calls finish, and waits for every task to end.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Loads the rules, binds the listeners and serves until `drain` or `shutdown`.
+pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
+    // TLS (Redis now, gRPC later) uses rustls with ring; a second install is a harmless no-op.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
+    let snapshot = rules::load_dir(&settings.config).map_err(|source| StartError::Rules {
+        dir: settings.config.display().to_string(),
+        source,
+    })?;
+    tracing::info!(
+        files = snapshot.files.len(),
+        domains = ?snapshot.domain_names(),
+        "rules loaded"
+    );
+    metrics.rules_loaded(snapshot.loaded_at);
+    let loaded_fingerprint = snapshot.fingerprint;
+    let rules = Arc::new(ArcSwap::from_pointee(snapshot));
+
+    let memory = || {
+        let store = MemoryStore::new(clock.clone());
+        store.spawn_sweeper(Duration::from_secs(10));
+        Box::new(store)
+    };
+    let limiter = match settings.store {
+        StoreKind::Memory => Limiter::new(memory(), metrics.clone()),
+        StoreKind::Redis => {
+            let config = redis_config(settings)?;
+            tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");
+            let store = RedisStore::new(&config, &settings.key_prefix)
+                .map_err(|e| StartError::Settings(e.to_string()))?;
+            let fallback =
+                (settings.failure_mode == FailureMode::Local).then(|| memory() as Box<dyn Store>);
+            let config = LimiterConfig {
+                deadline: settings.store_timeout,
+                failure_mode: settings.failure_mode,
+                deny_cache: settings.deny_cache,
+            };
+            Limiter::with_policy(Box::new(store), config, fallback, metrics.clone())
+        }
+    };
+    let limiter = Arc::new(limiter);
+    let config = ServiceConfig {
+        response_headers: settings.response_headers,
+        global_shadow_mode: settings.shadow_mode,
+        max_descriptors: settings.max_descriptors,
+        max_entries: settings.max_entries,
+    };
+    let decider = Arc::new(Decider::new(
+        rules.clone(),
+        limiter.clone(),
+        config,
+        metrics.clone(),
+    ));
+
+    let grpc_listener = bind(settings.grpc_addr).await?;
+    let admin_listener = bind(settings.admin_addr).await?;
+    let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
+    let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<RlsService>>()
+        .await;
+    let rls = RateLimitServiceServer::new(RlsService(decider.clone()))
+        .max_decoding_message_size(settings.max_message_bytes);
+    let router = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(rls);
+    let grpc_stopped = wait_for_stop(stopped.clone());
+    let grpc_task = match tls_files(settings)? {
+        None => {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+            tokio::spawn(async move {
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, grpc_stopped)
+                    .await
+                {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            })
+        }
+        Some(files) => {
+            let (certificate, loaded) =
+                tls::TlsWatch::load(files).map_err(|e| StartError::Settings(e.to_string()))?;
+            let certificate = Arc::new(certificate);
+            let incoming =
+                tls::incoming(grpc_listener, certificate.current.clone(), stopped.clone());
+            tasks.push(watch::spawn(
+                certificate,
+                loaded,
+                settings.reload_interval,
+                stopped.clone(),
+            ));
+            tokio::spawn(async move {
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, grpc_stopped)
+                    .await
+                {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            })
+        }
+    };
+
+    let draining = Arc::new(AtomicBool::new(false));
+    let app = admin::router(admin::AdminState {
+        rules: rules.clone(),
+        limiter,
+        decider,
+        metrics: metrics.clone(),
+        draining: draining.clone(),
+        ready_requires_store: settings.ready_requires_store,
+    });
+    let admin_stopped = stopped.clone();
+    let admin_task = tokio::spawn(async move {
+        let served = axum::serve(admin_listener, app)
+            .with_graceful_shutdown(wait_for_stop(admin_stopped))
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "admin server failed");
+        }
+    });
+    let rules_watch = reload::RulesWatch {
+        dir: settings.config.clone(),
+        rules,
+        metrics: metrics.clone(),
+    };
+    tasks.push(watch::spawn(
+        Arc::new(rules_watch),
+        loaded_fingerprint,
+        settings.reload_interval,
+        stopped,
+    ));
+    tasks.extend([grpc_task, admin_task]);
+    tracing::info!(%grpc_addr, %admin_addr, store = ?settings.store, "serving");
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        metrics,
+        health,
+        draining,
+        stop,
+        tasks,
+    })
+}
+
+/// The gRPC TLS files, when TLS is configured (a certificate needs its key).
+fn tls_files(settings: &Settings) -> Result<Option<tls::TlsFiles>, StartError> {
+    match (&settings.grpc_tls_cert, &settings.grpc_tls_key) {
+        (None, None) if settings.grpc_tls_client_ca.is_some() => Err(StartError::Settings(
+            "--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key".into(),
+        )),
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some(tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: settings.grpc_tls_client_ca.clone(),
+        })),
+        _ => Err(StartError::Settings(
+            "--grpc-tls-cert and --grpc-tls-key go together".into(),
+        )),
+    }
+}
+
+/// The Redis connection settings, exactly one topology.
+fn redis_config(settings: &Settings) -> Result<RedisConfig, StartError> {
+    let topology = match (
+        &settings.redis_url,
+        settings.redis_cluster.is_empty(),
+        settings.redis_sentinel.is_empty(),
+    ) {
+        (Some(url), true, true) => Topology::Standalone(url.clone()),
+        (None, false, true) => Topology::Cluster(settings.redis_cluster.clone()),
+        (None, true, false) => Topology::Sentinel {
+            sentinels: settings.redis_sentinel.clone(),
+            master: settings.redis_master.clone().ok_or_else(|| {
+                StartError::Settings(
+                    "--redis-sentinel needs --redis-master (the monitored master's name)".into(),
+                )
+            })?,
+        },
+        (None, true, true) => {
+            return Err(StartError::Settings(
+                "--store redis needs one of --redis-url, --redis-cluster, --redis-sentinel".into(),
+            ));
+        }
+        _ => {
+            return Err(StartError::Settings(
+                "give only one of --redis-url, --redis-cluster, --redis-sentinel".into(),
+            ));
+        }
+    };
+    let ca_pem = match &settings.redis_ca_file {
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            StartError::Settings(format!(
+                "cannot read --redis-ca-file {}: {e}",
+                path.display()
+            ))
+        })?),
+        None => None,
+    };
+    Ok(RedisConfig {
+        topology,
+        tls: settings.redis_tls || ca_pem.is_some(),
+        ca_pem,
+        username: settings.redis_user.clone(),
+        password: settings.redis_password.as_ref().map(|s| s.0.clone()),
+        pool_size: settings.redis_pool_size,
+        timeout: settings.store_timeout,
+    })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+fn local_addr(listener: &TcpListener, addr: SocketAddr) -> Result<SocketAddr, StartError> {
+    listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+async fn wait_for_stop(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
