@@ -273,6 +273,10 @@ pub struct Settings {
     /// Largest request message accepted, in bytes.
     #[arg(long, env = "PORTCULLIS_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     pub max_message_bytes: usize,
+    /// Most per-value metric series that `detailed_metric` rules may create (all rules together);
+    /// beyond it, hits count under the rule's own label and in detailed_series_folded.
+    #[arg(long, env = "PORTCULLIS_MAX_DETAILED_SERIES", default_value_t = 2000)]
+    pub max_detailed_series: usize,
     /// Share of a limit above which allowed hits also count in the near_limit metric.
     #[arg(long, env = "PORTCULLIS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
@@ -329,6 +333,7 @@ impl Settings {
             max_descriptors: 512,
             max_entries: 64,
             max_message_bytes: 1 << 20,
+            max_detailed_series: 2000,
             near_limit_ratio: 0.8,
             ready_requires_store: false,
             drain_period: Duration::from_millis(100),

@@ -103,6 +103,8 @@ pub fn init(level: &str, format: LogFormat, otlp_endpoint: Option<&str>) -> Tele
     telemetry
 }
 
+use std::collections::HashSet;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -115,8 +117,9 @@ use prometheus_client::registry::Registry;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabels {
     pub domain: String,
-    /// The rule as configured (`domain.key_value.key`), or with the request's values when the
-    /// rule says `detailed_metric`: cardinality stays what the rules file allows.
+    /// The rule as configured (`domain.key_value.key`); with the request's values when the rule
+    /// says `detailed_metric` (capped by `--max-detailed-series`); the keys only for a limit the
+    /// request carried. Cardinality stays what the rules file and the cap allow.
     pub rule: String,
 }
 
@@ -158,12 +161,17 @@ pub struct Metrics {
     pub rules_loaded_timestamp: Gauge<f64, AtomicU64>,
     pub unknown_domain: Counter,
     pub deny_cache_hits: Counter,
+    pub detailed_series_folded: Counter,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
+    /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
+    detailed: Mutex<HashSet<RuleLabels>>,
+    max_detailed: usize,
 }
 
 impl Metrics {
-    pub fn new(near_limit_ratio: f64) -> Metrics {
+    /// `max_detailed`: the most per-value series `detailed_metric` rules may create.
+    pub fn new(near_limit_ratio: f64, max_detailed: usize) -> Metrics {
         let mut registry = Registry::with_prefix("portcullis");
         let latency = || Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         let m = Metrics {
@@ -181,7 +189,10 @@ impl Metrics {
             rules_loaded_timestamp: Gauge::default(),
             unknown_domain: Counter::default(),
             deny_cache_hits: Counter::default(),
+            detailed_series_folded: Counter::default(),
             near_limit_ratio,
+            detailed: Mutex::new(HashSet::new()),
+            max_detailed,
             registry: Registry::default(),
         };
         registry.register(
@@ -254,7 +265,29 @@ impl Metrics {
             "Checks refused by the local deny cache without asking the store",
             m.deny_cache_hits.clone(),
         );
+        registry.register(
+            "detailed_series_folded",
+            "Descriptors of detailed_metric rules counted under the rule's own label because \
+             --max-detailed-series per-value series exist already",
+            m.detailed_series_folded.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// The labels to count a `detailed_metric` rule's hit under: the per-value `detailed` ones
+    /// while the cap allows (or they exist already), else the rule's own `folded` ones.
+    pub fn detailed_labels(&self, detailed: RuleLabels, folded: RuleLabels) -> RuleLabels {
+        let mut known = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
+        if known.contains(&detailed) {
+            return detailed;
+        }
+        if known.len() < self.max_detailed {
+            known.insert(detailed.clone());
+            return detailed;
+        }
+        drop(known);
+        self.detailed_series_folded.inc();
+        folded
     }
 
     /// The Prometheus text exposition.
@@ -275,6 +308,6 @@ impl Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new(0.8)
+        Metrics::new(0.8, 2000)
     }
 }

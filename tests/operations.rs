@@ -61,6 +61,8 @@ descriptors:
   - key: path
     value: /api/*
     rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+  - key: free
+    rate_limit: {unlimited: true}
 "#;
 
 #[tokio::test]
@@ -89,6 +91,8 @@ async fn metrics_count_exactly_the_traffic_sent() {
             &[&[("path", "/api/a")], &[("path", "/api/b")]],
         ))
         .await;
+    // Unlimited rules are not counted per rule, like the Go service (it counts limited rules only).
+    server.ok(request("m", &[&[("free", "x")]])).await;
     // Unknown domains: one counter, not one per domain string.
     server.ok(request("nope-1", &[&[("user", "u")]])).await;
     server.ok(request("nope-2", &[&[("user", "u")]])).await;
@@ -156,10 +160,11 @@ async fn metrics_count_exactly_the_traffic_sent() {
         !m.contains("/api/a"),
         "no raw request values without detailed_metric"
     );
+    assert!(!m.contains("m.free"), "unlimited rules have no series: {m}");
     assert_eq!(sample(&m, "portcullis_unknown_domain_total"), 2.0);
     assert_eq!(
         sample(&m, r#"portcullis_grpc_calls_total{code="Ok"}"#),
-        14.0
+        15.0
     );
     assert_eq!(
         sample(&m, r#"portcullis_grpc_calls_total{code="InvalidArgument"}"#),
@@ -167,7 +172,7 @@ async fn metrics_count_exactly_the_traffic_sent() {
     );
     assert_eq!(
         sample(&m, "portcullis_grpc_call_duration_seconds_count"),
-        15.0
+        16.0
     );
     assert!(sample(&m, "portcullis_rules_loaded_timestamp_seconds") > 1.7e9);
     server.stop().await;
@@ -184,7 +189,7 @@ async fn health_readiness_rlconfig_and_json() {
     let (status, body) = http(addr, "GET", "/readyz", "").await;
     assert_eq!(status, 200);
     assert!(
-        body.contains("4 rule(s) from 1 file(s)") && body.contains("store: memory ok"),
+        body.contains("5 rule(s) from 1 file(s)") && body.contains("store: memory ok"),
         "{body}"
     );
 

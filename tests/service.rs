@@ -217,7 +217,29 @@ descriptors:
         - name: per-user
   - key: free
     rate_limit: {unlimited: true}
+  - key: internal
+    rate_limit:
+      unlimited: true
+      replaces:
+        - name: per-user
 "#;
+
+#[tokio::test]
+async fn an_unlimited_rule_with_replaces_drops_the_replaced_limit_like_the_go_service() {
+    let server = TestServer::start(&[("rep.yaml", REPLACES)]).await;
+    for _ in 0..3 {
+        let r = server
+            .ok(request("rep", &[&[("user", "u1")], &[("internal", "svc")]]))
+            .await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(r.statuses[0].current_limit, None, "replaced: OK, no limit");
+        assert_eq!(r.statuses[1].limit_remaining, u32::MAX, "unlimited");
+    }
+    // The replaced limit was never counted.
+    let r = server.ok(request("rep", &[&[("user", "u1")]])).await;
+    assert_eq!(r.overall_code, OK);
+    server.stop().await;
+}
 
 #[tokio::test]
 async fn replaces_drops_the_named_limit_of_the_same_call_without_counting_it() {

@@ -84,7 +84,10 @@ impl Running {
 pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
     // TLS (Redis now, gRPC later) uses rustls with ring; a second install is a harmless no-op.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let metrics = Arc::new(Metrics::new(settings.near_limit_ratio));
+    let metrics = Arc::new(Metrics::new(
+        settings.near_limit_ratio,
+        settings.max_detailed_series,
+    ));
     let snapshot = rules::load_dir(&settings.config).map_err(|source| StartError::Rules {
         dir: settings.config.display().to_string(),
         source,

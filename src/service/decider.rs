@@ -115,26 +115,29 @@ impl Decider {
             self.metrics.unknown_domain.inc();
         }
         for (p, d) in planned.iter().zip(descriptors) {
-            let Some(rule) = &p.rule else { continue };
-            let labels = RuleLabels {
+            // Like the Go service, only limited rules are counted per rule.
+            let Some(rule) = p.rule.as_ref().filter(|r| !r.is_unlimited()) else {
+                continue;
+            };
+            let configured = RuleLabels {
                 domain: domain.to_owned(),
-                rule: if rule.detailed_metric {
-                    override_full_key(domain, &d.entries)
-                } else {
-                    rule.full_key.clone()
-                },
+                rule: rule.full_key.clone(),
+            };
+            let labels = if rule.detailed_metric {
+                let detailed = RuleLabels {
+                    domain: domain.to_owned(),
+                    rule: detailed_full_key(domain, &d.entries),
+                };
+                self.metrics.detailed_labels(detailed, configured)
+            } else {
+                configured
             };
             // Counters are u64; a pathological hits_addend must not wrap them.
             let hits = p.hits.min(u64::from(u32::MAX));
             self.metrics.rule_hits.get_or_create(&labels).inc_by(hits);
-            match p.decision {
-                None => {
-                    self.metrics
-                        .rule_within_limit
-                        .get_or_create(&labels)
-                        .inc_by(hits);
-                }
-                Some(decision) if decision.allowed => {
+            let Some(decision) = p.decision else { continue };
+            match decision {
+                decision if decision.allowed => {
                     self.metrics
                         .rule_within_limit
                         .get_or_create(&labels)
@@ -147,7 +150,7 @@ impl Decider {
                             .inc_by(hits);
                     }
                 }
-                Some(_) => {
+                _ => {
                     self.metrics
                         .rule_over_limit
                         .get_or_create(&labels)
@@ -271,8 +274,8 @@ fn plan(rules: &Snapshot, domain: &str, d: &RateLimitDescriptor, request_hits: u
     }
 }
 
-/// `domain.key_value.key`, the Go service's name for a request-carried limit.
-fn override_full_key(domain: &str, entries: &[rate_limit_descriptor::Entry]) -> String {
+/// `domain.key_value.key`: the Go service's per-value name of a `detailed_metric` rule.
+fn detailed_full_key(domain: &str, entries: &[rate_limit_descriptor::Entry]) -> String {
     let mut full = String::from(domain);
     for e in entries {
         full.push('.');
@@ -285,13 +288,24 @@ fn override_full_key(domain: &str, entries: &[rate_limit_descriptor::Entry]) -> 
     full
 }
 
-/// A limited rule with `replaces` drops the named limits of the same call: those descriptors
-/// answer OK and are not counted (envoyproxy/ratelimit's semantics).
+/// `domain.key.key`: a request-carried limit is named by its keys only. (The Go service puts the
+/// values in too, one series per value a client sends; that has no bound.)
+fn override_full_key(domain: &str, entries: &[rate_limit_descriptor::Entry]) -> String {
+    let mut full = String::from(domain);
+    for e in entries {
+        full.push('.');
+        full.push_str(&e.key);
+    }
+    full
+}
+
+/// A rule with `replaces` (limited or not) drops the named limits of the same call: those
+/// descriptors answer OK and are not counted (envoyproxy/ratelimit's semantics).
 fn apply_replaces(planned: &mut [Planned]) {
+    // Unlimited rules replace too (the Go service collects `replaces` before setting them aside).
     let replaced: Vec<String> = planned
         .iter()
         .filter_map(|p| p.rule.as_ref())
-        .filter(|r| !r.is_unlimited())
         .flat_map(|r| r.replaces.iter().cloned())
         .collect();
     if replaced.is_empty() {
