@@ -270,6 +270,10 @@ pub struct Settings {
     /// Most entries accepted in one descriptor.
     #[arg(long, env = "PORTCULLIS_MAX_ENTRIES", default_value_t = 64)]
     pub max_entries: usize,
+    /// Longest domain, descriptor key or descriptor value accepted, in bytes (each); longer is
+    /// INVALID_ARGUMENT. Bounds every counter key, metric label and cache entry a request makes.
+    #[arg(long, env = "PORTCULLIS_MAX_STRING_BYTES", default_value_t = 1024)]
+    pub max_string_bytes: usize,
     /// Largest request message accepted, in bytes.
     #[arg(long, env = "PORTCULLIS_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     pub max_message_bytes: usize,
@@ -280,6 +284,15 @@ pub struct Settings {
     /// Share of a limit above which allowed hits also count in the near_limit metric.
     #[arg(long, env = "PORTCULLIS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
+    /// Accept a rules reload that removes a domain in service or leaves no domain at all (by
+    /// default such a reload is refused, logged and counted: usually a ConfigMap emptied by
+    /// mistake, which would silently stop every limit of the domain).
+    #[arg(long, env = "PORTCULLIS_ALLOW_RULES_REMOVAL")]
+    pub allow_rules_removal: bool,
+    /// Make /readyz fail while no domain is loaded (the Go service's
+    /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
+    #[arg(long, env = "PORTCULLIS_READY_REQUIRES_RULES")]
+    pub ready_requires_rules: bool,
     /// Make /readyz fail while the store does not answer (by default it only reports it).
     #[arg(long, env = "PORTCULLIS_READY_REQUIRES_STORE")]
     pub ready_requires_store: bool,
@@ -304,7 +317,72 @@ pub struct Settings {
     pub log_format: LogFormat,
 }
 
+/// Settings that cannot work, every one listed.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid settings:\n  {}", .0.join("\n  "))]
+pub struct SettingsError(pub Vec<String>);
+
 impl Settings {
+    /// Refuses values that would panic, silently stop a background task, or quietly defeat a
+    /// guarantee; all problems at once, each naming its flag.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let mut problems = Vec::new();
+        let mut duration = |flag: &str, value: Duration, min: Duration, max: Duration| {
+            if value < min || value > max {
+                problems.push(format!(
+                    "{flag} {value:?} must be between {min:?} and {max:?}"
+                ));
+            }
+        };
+        duration(
+            "--store-timeout",
+            self.store_timeout,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        );
+        duration(
+            "--reload-interval",
+            self.reload_interval,
+            Duration::from_millis(10),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--drain-period",
+            self.drain_period,
+            Duration::ZERO,
+            Duration::from_secs(600),
+        );
+        if !(0.0..=1.0).contains(&self.near_limit_ratio) {
+            problems.push(format!(
+                "--near-limit-ratio {} must be a number from 0 to 1",
+                self.near_limit_ratio
+            ));
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            problems.push(format!(
+                "--key-prefix {:?} must not contain {{ or }}: Redis Cluster would hash every key \
+                 by the prefix and put all counters in one slot",
+                self.key_prefix
+            ));
+        }
+        for (flag, value) in [
+            ("--max-descriptors", self.max_descriptors),
+            ("--max-entries", self.max_entries),
+            ("--max-string-bytes", self.max_string_bytes),
+            ("--max-message-bytes", self.max_message_bytes),
+            ("--redis-pool-size", self.redis_pool_size as usize),
+        ] {
+            if value == 0 {
+                problems.push(format!("{flag} must be at least 1"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(SettingsError(problems))
+        }
+    }
+
     /// Settings for an in-process server on ephemeral loopback ports (tests, benchmarks).
     pub fn for_tests(config: PathBuf) -> Self {
         Self {
@@ -332,10 +410,13 @@ impl Settings {
             shadow_mode: false,
             max_descriptors: 512,
             max_entries: 64,
+            max_string_bytes: 1024,
             max_message_bytes: 1 << 20,
             max_detailed_series: 2000,
             near_limit_ratio: 0.8,
             ready_requires_store: false,
+            ready_requires_rules: false,
+            allow_rules_removal: false,
             drain_period: Duration::from_millis(100),
             reload_interval: Duration::from_millis(100),
             otlp_endpoint: None,

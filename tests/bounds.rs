@@ -117,3 +117,69 @@ async fn a_hundred_thousand_distinct_values_leave_metrics_within_a_fixed_size() 
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn domain_keys_and_values_longer_than_the_cap_are_refused_naming_the_field() {
+    let server = TestServer::start_with(&[("b.yaml", RULES)], |s| {
+        s.max_string_bytes = 1024;
+    })
+    .await;
+    let long = "x".repeat(1025);
+    let fits = "y".repeat(1024);
+    let cases = [
+        (
+            RateLimitRequest {
+                domain: long.clone(),
+                descriptors: vec![descriptor(&[("user", "u")])],
+                hits_addend: 0,
+            },
+            "domain",
+        ),
+        (
+            RateLimitRequest {
+                domain: "b".into(),
+                descriptors: vec![descriptor(&[("user", "u")]), descriptor(&[(&long, "u")])],
+                hits_addend: 0,
+            },
+            "descriptors[1].entries[0].key",
+        ),
+        (
+            RateLimitRequest {
+                domain: "b".into(),
+                descriptors: vec![descriptor(&[("user", "u"), ("user", &long)])],
+                hits_addend: 0,
+            },
+            "descriptors[0].entries[1].value",
+        ),
+    ];
+    for (request, field) in cases {
+        let status = server.call(request).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status.message().starts_with(field) && status.message().contains("1024"),
+            "{field}: {}",
+            status.message()
+        );
+    }
+    // Exactly the cap is accepted, and the refused calls spent nothing.
+    let r = server
+        .ok(RateLimitRequest {
+            domain: "b".into(),
+            descriptors: vec![descriptor(&[("user", &fits)])],
+            hits_addend: 0,
+        })
+        .await;
+    assert_eq!(r.statuses[0].limit_remaining, 9);
+    let r = server
+        .ok(RateLimitRequest {
+            domain: "b".into(),
+            descriptors: vec![descriptor(&[("user", "u")])],
+            hits_addend: 0,
+        })
+        .await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 9,
+        "refused calls counted nothing"
+    );
+    server.stop().await;
+}

@@ -250,3 +250,49 @@ fn the_readme_rules_example_loads() {
     let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn serve_refuses_settings_that_would_misbehave_naming_each_one() {
+    let dir = dir_with(&[("r.yaml", "domain: a\n")]);
+    let config = dir.path().to_str().unwrap();
+    let base = [
+        "serve",
+        "--config",
+        config,
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ];
+    // Each of these used to panic, stop a background task silently, or put every key in one slot.
+    for (args, says) in [
+        (&["--store-timeout", "0"][..], "--store-timeout"),
+        (&["--store-timeout", "3600s"][..], "--store-timeout"),
+        (&["--reload-interval", "0"][..], "--reload-interval"),
+        (&["--near-limit-ratio", "NaN"][..], "--near-limit-ratio"),
+        (&["--near-limit-ratio", "1.5"][..], "--near-limit-ratio"),
+        (&["--key-prefix", "app{1}:"][..], "--key-prefix"),
+        (&["--max-descriptors", "0"][..], "--max-descriptors"),
+        (&["--max-entries", "0"][..], "--max-entries"),
+        (&["--max-string-bytes", "0"][..], "--max-string-bytes"),
+        (&["--max-message-bytes", "0"][..], "--max-message-bytes"),
+        (&["--redis-pool-size", "0"][..], "--redis-pool-size"),
+        (&["--drain-period", "86400s"][..], "--drain-period"),
+    ] {
+        let mut all: Vec<&str> = base.to_vec();
+        all.extend_from_slice(args);
+        let (code, out) = portcullis(&all);
+        assert_eq!(code, 1, "{args:?} must be refused: {out}");
+        assert!(out.contains(says), "{args:?}: {out}");
+        assert!(!out.contains("panicked"), "{args:?}: {out}");
+    }
+    // Several problems are all listed at once.
+    let mut all: Vec<&str> = base.to_vec();
+    all.extend_from_slice(&["--store-timeout", "0", "--key-prefix", "{x}"]);
+    let (code, out) = portcullis(&all);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("--store-timeout") && out.contains("--key-prefix"),
+        "{out}"
+    );
+}

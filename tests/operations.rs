@@ -334,6 +334,61 @@ async fn configmap_swap_reloads_rules_and_a_broken_file_keeps_the_last_good_ones
     server.stop().await;
 }
 
+async fn wait_for_metric(server: &TestServer, series: &str, value: f64) {
+    let start = Instant::now();
+    loop {
+        let (_, m) = http(admin(server), "GET", "/metrics", "").await;
+        if sample(&m, series) == value {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{series} never reached {value}: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_reload_that_would_remove_a_serving_domain_is_refused_unless_allowed() {
+    let refused = r#"portcullis_rules_reloads_total{result="refused"}"#;
+    let server = TestServer::start(&[]).await;
+    let dir = server.dir.path().to_path_buf();
+    configmap_update(&dir, 1, &limit_rules(3));
+    wait_for_limit(&server, 3).await;
+    // A file that no longer defines the serving domain: refused, the domain keeps its limit.
+    configmap_update(&dir, 2, "domain: other\n");
+    wait_for_metric(&server, refused, 1.0).await;
+    assert_eq!(current_limit(&server).await, 3);
+    // A ConfigMap emptied by mistake: refused too.
+    std::fs::remove_file(dir.join("rules.yaml")).unwrap();
+    wait_for_metric(&server, refused, 2.0).await;
+    assert_eq!(current_limit(&server).await, 3);
+    server.stop().await;
+
+    // With --allow-rules-removal the operator says removing domains is intended.
+    let server = TestServer::start_with(&[], |s| s.allow_rules_removal = true).await;
+    let dir = server.dir.path().to_path_buf();
+    configmap_update(&dir, 1, &limit_rules(3));
+    wait_for_limit(&server, 3).await;
+    configmap_update(&dir, 2, "domain: other\n");
+    wait_for_limit(&server, 0).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn readiness_can_require_at_least_one_domain() {
+    let server = TestServer::start_with(&[], |s| s.ready_requires_rules = true).await;
+    let (status, body) = http(admin(&server), "GET", "/readyz", "").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no domain loaded"), "{body}");
+    configmap_update(server.dir.path(), 1, &limit_rules(3));
+    wait_for_limit(&server, 3).await;
+    let (status, body) = http(admin(&server), "GET", "/readyz", "").await;
+    assert_eq!(status, 200, "{body}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits_0() {
     use tonic_health::pb::{

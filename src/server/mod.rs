@@ -84,6 +84,9 @@ impl Running {
 pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running, StartError> {
     // TLS (Redis now, gRPC later) uses rustls with ring; a second install is a harmless no-op.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    settings
+        .validate()
+        .map_err(|e| StartError::Settings(e.to_string()))?;
     let metrics = Arc::new(Metrics::new(
         settings.near_limit_ratio,
         settings.max_detailed_series,
@@ -129,6 +132,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         global_shadow_mode: settings.shadow_mode,
         max_descriptors: settings.max_descriptors,
         max_entries: settings.max_entries,
+        max_string_bytes: settings.max_string_bytes,
     };
     let decider = Arc::new(Decider::new(
         rules.clone(),
@@ -198,6 +202,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         metrics: metrics.clone(),
         draining: draining.clone(),
         ready_requires_store: settings.ready_requires_store,
+        ready_requires_rules: settings.ready_requires_rules,
     });
     let admin_stopped = stopped.clone();
     let admin_task = tokio::spawn(async move {
@@ -212,6 +217,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         dir: settings.config.clone(),
         rules,
         metrics: metrics.clone(),
+        allow_removal: settings.allow_rules_removal,
     };
     tasks.push(watch::spawn(
         Arc::new(rules_watch),

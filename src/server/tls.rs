@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use super::watch::Watched;
+use super::watch::{Refusal, Watched};
 
 /// Where the server's certificate, key and (for mTLS) client CA come from.
 #[derive(Debug, Clone)]
@@ -129,8 +129,11 @@ impl Watched for TlsWatch {
         self.files.read().map_err(|e| e.to_string())
     }
 
-    fn apply(&self, bytes: TlsBytes) -> Result<String, String> {
-        let config = self.files.load(&bytes).map_err(|e| e.to_string())?;
+    fn apply(&self, bytes: TlsBytes) -> Result<String, Refusal> {
+        let config = self
+            .files
+            .load(&bytes)
+            .map_err(|e| Refusal::Invalid(e.to_string()))?;
         self.current.store(config);
         Ok("new certificate in use for new connections".into())
     }

@@ -29,7 +29,16 @@ pub trait Watched: Send + Sync + 'static {
 
     /// Puts content in force. `Ok` says what was applied, for the log; `Err` says why it was
     /// refused (the content in force stays).
-    fn apply(&self, content: Self::Content) -> Result<String, String>;
+    fn apply(&self, content: Self::Content) -> Result<String, Refusal>;
+}
+
+/// Why new content was not put in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// It is broken (logged at error level).
+    Invalid(String),
+    /// It is valid but would do harm unless the operator said so (logged at warn level).
+    Unsafe(String),
 }
 
 /// Polls `watched` every `interval` until `stop` turns true; `applied` is the fingerprint of the
@@ -82,8 +91,12 @@ pub fn spawn<W: Watched>(
                     tracing::info!(watched = %watched.what(), "reloaded: {summary}");
                     poller.applied(fingerprint);
                 }
-                Err(e) => {
+                Err(Refusal::Invalid(e)) => {
                     tracing::error!(watched = %watched.what(), "refused, what was in force stays:\n{e}");
+                    poller.refused(fingerprint);
+                }
+                Err(Refusal::Unsafe(e)) => {
+                    tracing::warn!(watched = %watched.what(), "refused, what was in force stays: {e}");
                     poller.refused(fingerprint);
                 }
             }

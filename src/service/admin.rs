@@ -1,8 +1,9 @@
 //! The admin HTTP listener, a face beside gRPC on the same call path (it calls the `Decider`,
 //! never the other way round):
 //! - `/healthz`: the process answers (liveness; never depends on a store),
-//! - `/readyz`: rules loaded and not draining; the store's state is reported in the body and fails
-//!   readiness only with `--ready-requires-store`,
+//! - `/readyz`: not draining; the store's state and the rules are reported in the body; fails
+//!   while the store is down only with `--ready-requires-store`, while no domain is loaded only
+//!   with `--ready-requires-rules`,
 //! - `/rlconfig`: the rules in force, one line per limit,
 //! - `/metrics`: Prometheus (OpenMetrics text),
 //! - `/json`: POST a proto3-JSON RateLimitRequest, get the JSON response (200 OK, 429 over the
@@ -31,6 +32,7 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     pub draining: Arc<AtomicBool>,
     pub ready_requires_store: bool,
+    pub ready_requires_rules: bool,
 }
 
 pub fn router(state: AdminState) -> Router {
@@ -62,6 +64,13 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
     }
     if state.draining.load(Ordering::Relaxed) {
         body.push_str("draining: shutting down\n");
+        return (StatusCode::SERVICE_UNAVAILABLE, body);
+    }
+    let no_domain = rules.domain_names().is_empty();
+    if no_domain {
+        body.push_str("rules: no domain loaded\n");
+    }
+    if state.ready_requires_rules && no_domain {
         return (StatusCode::SERVICE_UNAVAILABLE, body);
     }
     if state.ready_requires_store && store.is_err() {

@@ -34,6 +34,8 @@ pub struct ServiceConfig {
     pub global_shadow_mode: bool,
     pub max_descriptors: usize,
     pub max_entries: usize,
+    /// Longest domain, key or value, in bytes.
+    pub max_string_bytes: usize,
 }
 
 impl Default for ServiceConfig {
@@ -43,6 +45,7 @@ impl Default for ServiceConfig {
             global_shadow_mode: false,
             max_descriptors: 512,
             max_entries: 64,
+            max_string_bytes: 1024,
         }
     }
 }
@@ -166,10 +169,24 @@ impl Decider {
         }
     }
 
+    /// Refuses a string longer than the cap, naming the field (built only when it is refused).
+    fn check_length<F: FieldName>(&self, field: F, text: &str) -> Result<(), Status> {
+        if text.len() <= self.config.max_string_bytes {
+            return Ok(());
+        }
+        Err(Status::invalid_argument(format!(
+            "{} is {} bytes, more than the {} allowed",
+            field.name(),
+            text.len(),
+            self.config.max_string_bytes
+        )))
+    }
+
     fn validate(&self, request: &RateLimitRequest) -> Result<(), Status> {
         if request.domain.is_empty() {
             return Err(Status::invalid_argument("domain must not be empty"));
         }
+        self.check_length("domain", &request.domain)?;
         if request.descriptors.is_empty() {
             return Err(Status::invalid_argument("descriptors must not be empty"));
         }
@@ -193,10 +210,14 @@ impl Decider {
                     self.config.max_entries
                 )));
             }
-            if let Some((j, _)) = d.entries.iter().enumerate().find(|(_, e)| e.key.is_empty()) {
-                return Err(Status::invalid_argument(format!(
-                    "descriptors[{i}].entries[{j}].key must not be empty"
-                )));
+            for (j, e) in d.entries.iter().enumerate() {
+                if e.key.is_empty() {
+                    return Err(Status::invalid_argument(format!(
+                        "descriptors[{i}].entries[{j}].key must not be empty"
+                    )));
+                }
+                self.check_length(|| format!("descriptors[{i}].entries[{j}].key"), &e.key)?;
+                self.check_length(|| format!("descriptors[{i}].entries[{j}].value"), &e.value)?;
             }
             if let Some(limit) = &d.limit
                 && override_unit(limit.unit).is_none()
@@ -208,6 +229,23 @@ impl Decider {
             }
         }
         Ok(())
+    }
+}
+
+/// A field's name, given as text or built on demand (no `format!` per entry on the happy path).
+trait FieldName {
+    fn name(self) -> String;
+}
+
+impl FieldName for &str {
+    fn name(self) -> String {
+        self.to_owned()
+    }
+}
+
+impl<F: FnOnce() -> String> FieldName for F {
+    fn name(self) -> String {
+        self()
     }
 }
 
