@@ -156,8 +156,12 @@ async fn the_production_path_reads_redis_time_not_the_callers_clock() {
 #[tokio::test]
 async fn every_key_has_a_ttl_no_longer_than_its_rule_and_hostile_descriptors_never_share_one() {
     let redis = RedisServer::start();
-    let server =
-        TestServer::start_with(&[("h.yaml", HOSTILE_RULES)], |s| redis_settings(s, &redis)).await;
+    let server = TestServer::start_with(&[("h.yaml", HOSTILE_RULES)], |s| {
+        redis_settings(s, &redis);
+        // Above the default cap, to show that even a long value keeps its own key.
+        s.max_string_bytes = 64 * 1024;
+    })
+    .await;
     let long = "x".repeat(64 * 1024);
     let values = [
         "a|b",
