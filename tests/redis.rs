@@ -84,8 +84,18 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                 }
             })
             .collect();
+        let mut limits = limits;
         let mut now = FUTURE_US + rng.below(86_400_000_000);
         for step in 0..60 {
+            // A reload that changes a token bucket's numbers keeps its key and state.
+            if rng.below(15) == 0 {
+                for limit in limits.iter_mut() {
+                    if limit.algorithm == Algorithm::TokenBucket {
+                        limit.requests = 1 + rng.below(5000);
+                        limit.burst = 1 + rng.below(limit.requests * 2);
+                    }
+                }
+            }
             let window = limits[0].window_us;
             now += match rng.below(4) {
                 0 => 0,
@@ -125,6 +135,59 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
         }
     }
     assert!(compared > 5000);
+}
+
+#[tokio::test]
+async fn a_token_bucket_whose_rate_a_reload_lowers_keeps_an_honest_retry_time() {
+    let redis = RedisServer::start();
+    let store = RedisStore::new(&config(Topology::Standalone(redis.url())), "tb:").unwrap();
+    let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
+    let hour = 3_600_000_000;
+    let fast = Limit {
+        algorithm: Algorithm::TokenBucket,
+        requests: 4_000_000_000,
+        window_us: hour,
+        burst: 4_000_000_000,
+    };
+    // The same rule after a reload: one per hour. Same key (the number is not its identity).
+    let slow = Limit {
+        requests: 1,
+        burst: 1,
+        ..fast
+    };
+    let check = |limit: Limit| Check {
+        key: key::counter_key("tb", [("k", "v")], &limit, None),
+        limit,
+        hits: 1,
+    };
+    let now = FUTURE_US;
+    let first = [check(fast)];
+    let redis_first = store
+        .check_with_clock(&first, ScriptClock::Fixed(now))
+        .await
+        .unwrap();
+    assert_eq!(redis_first, vec![memory.check_at(&first[0], now)]);
+    // A hit of 0.9 us at the old rate is owed; under the new rate that is still under a
+    // microsecond, never the 3.6e9 units of the old rate read as microseconds (an hour).
+    let second = [check(slow)];
+    let redis_second = store
+        .check_with_clock(&second, ScriptClock::Fixed(now))
+        .await
+        .unwrap();
+    let memory_second = memory.check_at(&second[0], now);
+    assert_eq!(redis_second, vec![memory_second]);
+    assert!(!memory_second.allowed);
+    assert!(
+        memory_second.retry_after.unwrap() <= std::time::Duration::from_micros(1),
+        "{memory_second:?}"
+    );
+    // A microsecond later the new bucket's one token is there.
+    let third = store
+        .check_with_clock(&second, ScriptClock::Fixed(now + 1))
+        .await
+        .unwrap();
+    assert!(third[0].allowed, "{third:?}");
+    assert_eq!(third, vec![memory.check_at(&second[0], now + 1)]);
 }
 
 #[tokio::test]
@@ -476,6 +539,11 @@ async fn redis_stopped_answers_by_failure_mode_within_the_deadline_and_recovers_
                 started.elapsed()
             );
             codes.push(r.overall_code);
+            if *mode == FailureMode::Deny {
+                // Honest: "try again in a second", not "in an hour" (the rule's window).
+                let wait = r.statuses[0].duration_until_reset.unwrap().seconds;
+                assert_eq!(wait, 1, "deny while Redis is away");
+            }
         }
         let expected = match mode {
             FailureMode::Allow => [OK, OK, OK],

@@ -17,11 +17,33 @@ use super::{Decision, Limit, Outcome, us};
 /// Durations above this are clamped: keeps every value the Lua script sees exact in a double.
 pub const MAX_SPAN_US: u64 = 1 << 52;
 
-/// `tat_us + frac / requests` microseconds since the epoch; 0 is a full bucket.
+/// `tat_us + frac / rate` microseconds since the epoch; 0 is a full bucket. `rate` is the
+/// `requests` the fraction is counted in: a reload may change a rule's number while its counter
+/// (and so this state) is kept.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct BucketState {
     pub tat_us: u64,
     pub frac: u64,
+    pub rate: u64,
+}
+
+/// The state with its fraction counted in `requests`. A fraction written under another rate is
+/// rounded up to the next whole microsecond: TAT moves at most 1 us later (never earlier, which
+/// would return budget), and the old units are never misread in the new ones (4e9 units of
+/// 1/4e9 us read as 1/1 us would owe more than an hour).
+pub fn at_rate(state: &BucketState, requests: u64) -> BucketState {
+    if state.rate == requests || state.frac == 0 {
+        BucketState {
+            rate: requests,
+            ..*state
+        }
+    } else {
+        BucketState {
+            tat_us: state.tat_us.saturating_add(1),
+            frac: 0,
+            rate: requests,
+        }
+    }
 }
 
 /// A span of `quotient + remainder / requests` microseconds.
@@ -51,6 +73,7 @@ fn base(state: &BucketState, now_us: u64) -> BucketState {
         BucketState {
             tat_us: now_us,
             frac: 0,
+            rate: state.rate,
         }
     }
 }
@@ -60,12 +83,13 @@ pub fn check(state: &mut BucketState, now_us: u64, limit: &Limit, hits: u64) -> 
     let allowed = hits <= limit.burst && {
         let cost = span_of(hits, limit);
         let tolerance = span_of(limit.burst, limit);
-        let start = base(state, now_us);
+        let start = base(&at_rate(state, limit.requests), now_us);
         let frac = start.frac + cost.remainder;
         let carry = u64::from(frac >= limit.requests);
         let next = BucketState {
             tat_us: start.tat_us + cost.quotient_us + carry,
             frac: frac - carry * limit.requests,
+            rate: limit.requests,
         };
         let ahead = (next.tat_us - now_us, next.frac);
         let fits = ahead <= (tolerance.quotient_us, tolerance.remainder);
@@ -87,7 +111,7 @@ pub fn summarize(
 ) -> Outcome {
     let rate = u128::from(limit.requests.max(1));
     let window = u128::from(limit.window_us);
-    let start = base(state, now_us);
+    let start = base(&at_rate(state, limit.requests), now_us);
     // Time still to refill, in units of 1/requests us.
     let owed = u128::from(start.tat_us - now_us) * rate + u128::from(start.frac);
     let capacity = u128::from(limit.burst) * window;

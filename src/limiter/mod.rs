@@ -221,13 +221,19 @@ fn failed_open(limit: &Limit) -> Decision {
     }
 }
 
-/// Refused without counting; the client is told to come back after one window.
+/// The longest wait a failure-mode refusal announces. Nothing is known about the counter, only
+/// that the store failed; a client told "come back in a month" (the rule's window) would stay
+/// away long after the store is back.
+pub const FAILED_CLOSED_RETRY: Duration = Duration::from_secs(1);
+
+/// Refused without counting; the client is told to come back after a short, honest wait.
 fn failed_closed(limit: &Limit) -> Decision {
+    let wait = Duration::from_micros(limit.window_us).min(FAILED_CLOSED_RETRY);
     Decision {
         allowed: false,
         limit: limit.capacity(),
         remaining: 0,
-        reset_after: Duration::from_micros(limit.window_us),
-        retry_after: Some(Duration::from_micros(limit.window_us)),
+        reset_after: wait,
+        retry_after: Some(wait),
     }
 }

@@ -134,9 +134,11 @@ pub fn decision(check: &Check, reply: &Value) -> Result<Decision, StoreError> {
             let [tat_us, frac] = rest else {
                 return Err(protocol("token bucket reply needs tat and frac"));
             };
+            // The script answers the fraction in the current rate.
             let state = BucketState {
                 tat_us: *tat_us,
                 frac: *frac,
+                rate: limit.requests,
             };
             token_bucket::summarize(&state, now_us, limit, hits, allowed)
         }
