@@ -201,9 +201,36 @@ pub struct Settings {
     /// PEM CA whose client certificates are required (mTLS).
     #[arg(long, env = "PORTCULLIS_GRPC_TLS_CLIENT_CA")]
     pub grpc_tls_client_ca: Option<PathBuf>,
-    /// Admin HTTP listen address (/healthz, /readyz, /rlconfig).
+    /// Admin HTTP listen address (/healthz, /readyz, /rlconfig, /metrics).
     #[arg(long, env = "PORTCULLIS_ADMIN_ADDR", default_value = "127.0.0.1:8080")]
     pub admin_addr: SocketAddr,
+    /// Serve POST /json on the admin listener (a rate-limit call in JSON: it spends budget).
+    #[arg(long, env = "PORTCULLIS_ADMIN_JSON")]
+    pub admin_json: bool,
+    /// Admin connections whose request headers take longer than this are closed.
+    #[arg(long, env = "PORTCULLIS_ADMIN_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub admin_header_timeout: Duration,
+    /// Most concurrent requests (HTTP/2 streams) on one gRPC connection.
+    #[arg(
+        long,
+        env = "PORTCULLIS_GRPC_MAX_CONCURRENT_STREAMS",
+        default_value_t = 1024
+    )]
+    pub grpc_max_concurrent_streams: u32,
+    /// Most ShouldRateLimit calls in progress at once, all connections together; past it a call
+    /// is refused at once with RESOURCE_EXHAUSTED (Envoy's failure_mode_deny then decides).
+    #[arg(long, env = "PORTCULLIS_MAX_IN_FLIGHT", default_value_t = 10_000)]
+    pub max_in_flight: usize,
+    /// Interval of HTTP/2 PINGs on idle gRPC connections (a vanished peer is noticed).
+    #[arg(long, env = "PORTCULLIS_GRPC_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub grpc_keepalive_interval: Duration,
+    /// A gRPC connection whose PING is not answered within this is closed.
+    #[arg(long, env = "PORTCULLIS_GRPC_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub grpc_keepalive_timeout: Duration,
+    /// Longest a gRPC request may take, whatever the client's own deadline (default: the store
+    /// timeout plus one second; it must leave the failure mode time to answer).
+    #[arg(long, env = "PORTCULLIS_GRPC_REQUEST_TIMEOUT", value_parser = parse_duration)]
+    pub grpc_request_timeout: Option<Duration>,
     /// Where counters live.
     #[arg(long, env = "PORTCULLIS_STORE", value_enum, default_value = "memory")]
     pub store: StoreKind,
@@ -274,8 +301,8 @@ pub struct Settings {
     /// INVALID_ARGUMENT. Bounds every counter key, metric label and cache entry a request makes.
     #[arg(long, env = "PORTCULLIS_MAX_STRING_BYTES", default_value_t = 1024)]
     pub max_string_bytes: usize,
-    /// Largest request message accepted, in bytes.
-    #[arg(long, env = "PORTCULLIS_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
+    /// Largest request message accepted, in bytes (Envoy's requests are a few hundred bytes).
+    #[arg(long, env = "PORTCULLIS_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
     pub max_message_bytes: usize,
     /// Most per-value metric series that `detailed_metric` rules may create (all rules together);
     /// beyond it, hits count under the rule's own label and in detailed_series_folded.
@@ -347,11 +374,38 @@ impl Settings {
             Duration::from_secs(3600),
         );
         duration(
+            "--admin-header-timeout",
+            self.admin_header_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(300),
+        );
+        duration(
+            "--grpc-keepalive-interval",
+            self.grpc_keepalive_interval,
+            Duration::from_millis(10),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--grpc-keepalive-timeout",
+            self.grpc_keepalive_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(600),
+        );
+        duration(
             "--drain-period",
             self.drain_period,
             Duration::ZERO,
             Duration::from_secs(600),
         );
+        if let Some(timeout) = self.grpc_request_timeout
+            && (timeout <= self.store_timeout || timeout > Duration::from_secs(600))
+        {
+            problems.push(format!(
+                "--grpc-request-timeout {timeout:?} must be longer than --store-timeout ({:?}, \
+                 so that the failure mode can answer) and at most 600s",
+                self.store_timeout
+            ));
+        }
         if !(0.0..=1.0).contains(&self.near_limit_ratio) {
             problems.push(format!(
                 "--near-limit-ratio {} must be a number from 0 to 1",
@@ -371,6 +425,11 @@ impl Settings {
             ("--max-string-bytes", self.max_string_bytes),
             ("--max-message-bytes", self.max_message_bytes),
             ("--redis-pool-size", self.redis_pool_size as usize),
+            ("--max-in-flight", self.max_in_flight),
+            (
+                "--grpc-max-concurrent-streams",
+                self.grpc_max_concurrent_streams as usize,
+            ),
         ] {
             if value == 0 {
                 problems.push(format!("{flag} must be at least 1"));
@@ -383,12 +442,25 @@ impl Settings {
         }
     }
 
+    /// The gRPC request timeout in force.
+    pub fn grpc_request_timeout(&self) -> Duration {
+        self.grpc_request_timeout
+            .unwrap_or(self.store_timeout + Duration::from_secs(1))
+    }
+
     /// Settings for an in-process server on ephemeral loopback ports (tests, benchmarks).
     pub fn for_tests(config: PathBuf) -> Self {
         Self {
             config,
             grpc_addr: ([127, 0, 0, 1], 0).into(),
             admin_addr: ([127, 0, 0, 1], 0).into(),
+            admin_json: false,
+            admin_header_timeout: Duration::from_secs(5),
+            grpc_max_concurrent_streams: 1024,
+            max_in_flight: 10_000,
+            grpc_keepalive_interval: Duration::from_secs(30),
+            grpc_keepalive_timeout: Duration::from_secs(10),
+            grpc_request_timeout: None,
             grpc_tls_cert: None,
             grpc_tls_key: None,
             grpc_tls_client_ca: None,
@@ -411,7 +483,7 @@ impl Settings {
             max_descriptors: 512,
             max_entries: 64,
             max_string_bytes: 1024,
-            max_message_bytes: 1 << 20,
+            max_message_bytes: 64 * 1024,
             max_detailed_series: 2000,
             near_limit_ratio: 0.8,
             ready_requires_store: false,

@@ -105,7 +105,31 @@ pub fn init(level: &str, format: LogFormat, otlp_endpoint: Option<&str>) -> Tele
 
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// At most one log line a second for a failure that may repeat thousands of times a second (the
+/// metrics count every one). `allow` answers how many were skipped since the last line, or
+/// `None` when this one is to be skipped.
+#[derive(Debug, Default)]
+pub struct LogThrottle {
+    skipped: AtomicU64,
+    last: Mutex<Option<Instant>>,
+}
+
+impl LogThrottle {
+    pub fn allow(&self) -> Option<u64> {
+        let skipped = self.skipped.fetch_add(1, Ordering::Relaxed);
+        // Contended: somebody else is deciding right now; skip rather than wait.
+        let mut last = self.last.try_lock().ok()?;
+        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        self.skipped.store(0, Ordering::Relaxed);
+        Some(skipped)
+    }
+}
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -139,6 +163,11 @@ pub struct ModeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: String,
 }
@@ -162,6 +191,7 @@ pub struct Metrics {
     pub unknown_domain: Counter,
     pub deny_cache_hits: Counter,
     pub detailed_series_folded: Counter,
+    pub accept_errors: Family<ListenerLabels, Counter>,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
     /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
@@ -190,6 +220,7 @@ impl Metrics {
             unknown_domain: Counter::default(),
             deny_cache_hits: Counter::default(),
             detailed_series_folded: Counter::default(),
+            accept_errors: Family::default(),
             near_limit_ratio,
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
@@ -270,6 +301,11 @@ impl Metrics {
             "Descriptors of detailed_metric rules counted under the rule's own label because \
              --max-detailed-series per-value series exist already",
             m.detailed_series_folded.clone(),
+        );
+        registry.register(
+            "accept_errors",
+            "Connections a listener failed to accept (out of file descriptors, say), by listener",
+            m.accept_errors.clone(),
         );
         Metrics { registry, ..m }
     }

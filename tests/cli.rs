@@ -278,6 +278,10 @@ fn serve_refuses_settings_that_would_misbehave_naming_each_one() {
         (&["--max-message-bytes", "0"][..], "--max-message-bytes"),
         (&["--redis-pool-size", "0"][..], "--redis-pool-size"),
         (&["--drain-period", "86400s"][..], "--drain-period"),
+        (
+            &["--store-timeout", "50ms", "--grpc-request-timeout", "20ms"][..],
+            "--grpc-request-timeout",
+        ),
     ] {
         let mut all: Vec<&str> = base.to_vec();
         all.extend_from_slice(args);

@@ -180,7 +180,7 @@ async fn metrics_count_exactly_the_traffic_sent() {
 
 #[tokio::test]
 async fn health_readiness_rlconfig_and_json() {
-    let server = TestServer::start(&[("m.yaml", RULES)]).await;
+    let server = TestServer::start_with(&[("m.yaml", RULES)], |s| s.admin_json = true).await;
     let addr = admin(&server);
     assert_eq!(
         http(addr, "GET", "/healthz", "").await,

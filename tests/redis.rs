@@ -223,6 +223,7 @@ async fn every_key_has_a_ttl_no_longer_than_its_rule_and_hostile_descriptors_nev
         redis_settings(s, &redis);
         // Above the default cap, to show that even a long value keeps its own key.
         s.max_string_bytes = 64 * 1024;
+        s.max_message_bytes = 1 << 20;
     })
     .await;
     let long = "x".repeat(64 * 1024);

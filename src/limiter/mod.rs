@@ -8,13 +8,12 @@
 
 pub mod deny_cache;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{Check, Decision, Limit};
 use crate::store::{Store, StoreError};
-use crate::telemetry::{KindLabels, Metrics, ModeLabels};
+use crate::telemetry::{KindLabels, LogThrottle, Metrics, ModeLabels};
 use deny_cache::DenyCache;
 
 /// What to answer when the store errs or misses its deadline.
@@ -47,10 +46,8 @@ pub struct Limiter {
     failure_mode: FailureMode,
     fallback: Option<Box<dyn Store>>,
     metrics: Arc<Metrics>,
-    /// Failures since the last log line, and when it was written: an outage at thousands of
-    /// calls per second logs once a second, not once a call (the metrics count every one).
-    unlogged_failures: AtomicU64,
-    last_failure_log: Mutex<Option<Instant>>,
+    /// An outage at thousands of calls per second logs once a second, not once a call.
+    failure_log: LogThrottle,
     deny_cache: Option<DenyCache>,
 }
 
@@ -79,22 +76,15 @@ impl Limiter {
             failure_mode: config.failure_mode,
             fallback,
             metrics,
-            unlogged_failures: AtomicU64::new(0),
-            last_failure_log: Mutex::new(None),
+            failure_log: LogThrottle::default(),
             deny_cache: config.deny_cache.then(DenyCache::default),
         }
     }
 
     fn log_failure(&self, error: &StoreError) {
-        let skipped = self.unlogged_failures.fetch_add(1, Ordering::Relaxed);
-        let Ok(mut last) = self.last_failure_log.try_lock() else {
+        let Some(skipped) = self.failure_log.allow() else {
             return;
         };
-        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
-            return;
-        }
-        *last = Some(Instant::now());
-        self.unlogged_failures.store(0, Ordering::Relaxed);
         tracing::warn!(
             error = %error,
             mode = ?self.failure_mode,

@@ -4,6 +4,7 @@
 //! certificate), and returns a handle that drains and stops all of it. The binary and the
 //! end-to-end tests start the server the same way. Nothing below this floor reads `Settings`.
 
+pub mod listen;
 pub mod reload;
 pub mod tls;
 pub mod watch;
@@ -152,16 +153,19 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     health
         .set_serving::<RateLimitServiceServer<RlsService>>()
         .await;
-    let rls = RateLimitServiceServer::new(RlsService(decider.clone()))
+    let rls = RateLimitServiceServer::new(RlsService::new(decider.clone(), settings.max_in_flight))
         .max_decoding_message_size(settings.max_message_bytes);
     let router = tonic::transport::Server::builder()
+        .max_concurrent_streams(settings.grpc_max_concurrent_streams)
+        .http2_keepalive_interval(Some(settings.grpc_keepalive_interval))
+        .http2_keepalive_timeout(Some(settings.grpc_keepalive_timeout))
+        .timeout(settings.grpc_request_timeout())
         .add_service(health_service)
         .add_service(rls);
     let grpc_stopped = wait_for_stop(stopped.clone());
     let grpc_task = match tls_files(settings)? {
         None => {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+            let incoming = listen::tcp_incoming(grpc_listener, metrics.clone(), stopped.clone());
             tokio::spawn(async move {
                 if let Err(e) = router
                     .serve_with_incoming_shutdown(incoming, grpc_stopped)
@@ -175,8 +179,12 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             let (certificate, loaded) =
                 tls::TlsWatch::load(files).map_err(|e| StartError::Settings(e.to_string()))?;
             let certificate = Arc::new(certificate);
-            let incoming =
-                tls::incoming(grpc_listener, certificate.current.clone(), stopped.clone());
+            let incoming = tls::incoming(
+                grpc_listener,
+                certificate.current.clone(),
+                metrics.clone(),
+                stopped.clone(),
+            );
             tasks.push(watch::spawn(
                 certificate,
                 loaded,
@@ -203,16 +211,16 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         draining: draining.clone(),
         ready_requires_store: settings.ready_requires_store,
         ready_requires_rules: settings.ready_requires_rules,
+        json_enabled: settings.admin_json,
     });
-    let admin_stopped = stopped.clone();
-    let admin_task = tokio::spawn(async move {
-        let served = axum::serve(admin_listener, app)
-            .with_graceful_shutdown(wait_for_stop(admin_stopped))
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "admin server failed");
-        }
-    });
+    let admin_task = tokio::spawn(listen::serve_http(
+        admin_listener,
+        app,
+        settings.admin_header_timeout,
+        Duration::from_secs(5),
+        metrics.clone(),
+        stopped.clone(),
+    ));
     let rules_watch = reload::RulesWatch {
         dir: settings.config.clone(),
         rules,

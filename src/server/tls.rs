@@ -16,11 +16,13 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use super::listen::accept_loop;
 use super::watch::{Refusal, Watched};
+use crate::telemetry::Metrics;
 
 /// Where the server's certificate, key and (for mTLS) client CA come from.
 #[derive(Debug, Clone)]
@@ -139,40 +141,50 @@ impl Watched for TlsWatch {
     }
 }
 
-/// Accepts TCP connections, handshakes TLS with the config in force, and yields the TLS streams
-/// for tonic. Handshakes run concurrently, each bounded, so one slow client holds up nobody.
+/// Handshakes in progress at once, at most; past it the listener stops accepting until one ends
+/// (the kernel queues the rest), so a flood of idle TLS clients costs bounded memory.
+pub const MAX_HANDSHAKES: usize = 256;
+/// A client that has not finished its handshake by then is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Accepts TCP connections (`listen::accept_loop`: backs off on errors), handshakes TLS with the
+/// config in force, and yields the TLS streams for tonic. Handshakes run concurrently, each
+/// bounded in time and at most `MAX_HANDSHAKES` at once, so one slow client holds up nobody.
 pub fn incoming(
     listener: TcpListener,
     current: Arc<ArcSwap<ServerConfig>>,
-    mut stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
     let (sender, receiver) = mpsc::channel(64);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                _ = stop.wait_for(|s| *s) => break,
-            };
-            let (tcp, peer) = match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
+    let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    tokio::spawn(accept_loop(
+        listener,
+        "grpc",
+        metrics,
+        stop,
+        move |tcp, peer| {
+            let (sender, permits) = (sender.clone(), permits.clone());
             let acceptor = TlsAcceptor::from(current.load_full());
-            let sender = sender.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = sender.send(Ok(stream)).await;
+            async move {
+                let Ok(permit) = permits.acquire_owned().await else {
+                    return false;
+                };
+                let _ = tcp.set_nodelay(true);
+                let open = !sender.is_closed();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = sender.send(Ok(stream)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                }
-            });
-        }
-    });
+                });
+                open
+            }
+        },
+    ));
     tokio_stream::wrappers::ReceiverStream::new(receiver)
 }

@@ -6,8 +6,8 @@
 //!   with `--ready-requires-rules`,
 //! - `/rlconfig`: the rules in force, one line per limit,
 //! - `/metrics`: Prometheus (OpenMetrics text),
-//! - `/json`: POST a proto3-JSON RateLimitRequest, get the JSON response (200 OK, 429 over the
-//!   limit, 400 bad input, 503 store unavailable), for curl users.
+//! - `/json` (only with `--admin-json`: it spends budget): POST a proto3-JSON RateLimitRequest,
+//!   get the JSON response (200 OK, 429 over the limit, 400 bad input, 503 store unavailable).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,16 +33,20 @@ pub struct AdminState {
     pub draining: Arc<AtomicBool>,
     pub ready_requires_store: bool,
     pub ready_requires_rules: bool,
+    /// Serve `/json` (it spends budget like a gateway call: off unless asked for).
+    pub json_enabled: bool,
 }
 
 pub fn router(state: AdminState) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/rlconfig", get(rlconfig))
-        .route("/metrics", get(metrics))
-        .route("/json", post(json_call))
-        .with_state(state)
+        .route("/metrics", get(metrics));
+    if state.json_enabled {
+        router = router.route("/json", post(json_call));
+    }
+    router.with_state(state)
 }
 
 async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {

@@ -8,9 +8,11 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use tokio::sync::Semaphore;
+
 use super::decider::Decider;
 use crate::pb::{RateLimitRequest, RateLimitResponse};
-use crate::telemetry::CodeLabels;
+use crate::telemetry::{CodeLabels, LogThrottle};
 
 /// Reads W3C trace context from gRPC metadata.
 struct MetadataExtractor<'a>(&'a tonic::metadata::MetadataMap);
@@ -32,7 +34,25 @@ impl opentelemetry::propagation::Extractor for MetadataExtractor<'_> {
 }
 
 /// The tonic service: what Envoy calls.
-pub struct RlsService(pub Arc<Decider>);
+pub struct RlsService {
+    decider: Arc<Decider>,
+    /// One permit per call in progress: past `max_in_flight` calls are shed at once rather than
+    /// queued behind a slow store (Envoy would time them out anyway, holding memory meanwhile).
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
+    shed_log: LogThrottle,
+}
+
+impl RlsService {
+    pub fn new(decider: Arc<Decider>, max_in_flight: usize) -> Self {
+        Self {
+            decider,
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+            shed_log: LogThrottle::default(),
+        }
+    }
+}
 
 #[tonic::async_trait]
 impl crate::pb::RateLimitService for RlsService {
@@ -53,8 +73,23 @@ impl crate::pb::RateLimitService for RlsService {
         );
         let _ = span.set_parent(parent);
         let started = std::time::Instant::now();
-        let result = self.0.decide(&request).instrument(span.clone()).await;
-        let metrics = self.0.metrics();
+        let result = match self.in_flight.clone().try_acquire_owned() {
+            Ok(_permit) => self.decider.decide(&request).instrument(span.clone()).await,
+            Err(_) => {
+                if let Some(skipped) = self.shed_log.allow() {
+                    tracing::warn!(
+                        max_in_flight = self.max_in_flight,
+                        similar_calls_not_logged = skipped,
+                        "overloaded: call refused with RESOURCE_EXHAUSTED"
+                    );
+                }
+                Err(Status::resource_exhausted(format!(
+                    "overloaded: {} calls already in progress",
+                    self.max_in_flight
+                )))
+            }
+        };
+        let metrics = self.decider.metrics();
         metrics
             .call_seconds
             .observe(started.elapsed().as_secs_f64());
