@@ -272,6 +272,16 @@ pub struct Settings {
     /// (Redis only; `--deny-cache false` turns it off).
     #[arg(long, env = "PORTCULLIS_DENY_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
     pub deny_cache: bool,
+    /// Most denials the deny cache holds.
+    #[arg(
+        long,
+        env = "PORTCULLIS_DENY_CACHE_MAX_ENTRIES",
+        default_value_t = 100_000
+    )]
+    pub deny_cache_max_entries: usize,
+    /// Most memory the deny cache's entries are accounted at, in bytes (keys and bookkeeping).
+    #[arg(long, env = "PORTCULLIS_DENY_CACHE_MAX_BYTES", default_value_t = 16 << 20)]
+    pub deny_cache_max_bytes: usize,
     /// What to answer when the store errs or misses its deadline.
     #[arg(
         long,
@@ -426,6 +436,8 @@ impl Settings {
             ("--max-message-bytes", self.max_message_bytes),
             ("--redis-pool-size", self.redis_pool_size as usize),
             ("--max-in-flight", self.max_in_flight),
+            ("--deny-cache-max-entries", self.deny_cache_max_entries),
+            ("--deny-cache-max-bytes", self.deny_cache_max_bytes),
             (
                 "--grpc-max-concurrent-streams",
                 self.grpc_max_concurrent_streams as usize,
@@ -478,6 +490,8 @@ impl Settings {
             store_timeout: Duration::from_secs(2),
             failure_mode: FailureMode::Allow,
             deny_cache: true,
+            deny_cache_max_entries: 100_000,
+            deny_cache_max_bytes: 16 << 20,
             response_headers: HeadersMode::Off,
             shadow_mode: false,
             max_descriptors: 512,

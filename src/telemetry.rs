@@ -190,6 +190,7 @@ pub struct Metrics {
     pub rules_loaded_timestamp: Gauge<f64, AtomicU64>,
     pub unknown_domain: Counter,
     pub deny_cache_hits: Counter,
+    pub deny_cache_evictions: Counter,
     pub detailed_series_folded: Counter,
     pub accept_errors: Family<ListenerLabels, Counter>,
     /// Share of the limit above which allowed hits also count as near the limit.
@@ -219,6 +220,7 @@ impl Metrics {
             rules_loaded_timestamp: Gauge::default(),
             unknown_domain: Counter::default(),
             deny_cache_hits: Counter::default(),
+            deny_cache_evictions: Counter::default(),
             detailed_series_folded: Counter::default(),
             accept_errors: Family::default(),
             near_limit_ratio,
@@ -295,6 +297,11 @@ impl Metrics {
             "deny_cache_hits",
             "Checks refused by the local deny cache without asking the store",
             m.deny_cache_hits.clone(),
+        );
+        registry.register(
+            "deny_cache_evictions",
+            "Denials dropped from the full deny cache to make room (they cost a store call later)",
+            m.deny_cache_evictions.clone(),
         );
         registry.register(
             "detailed_series_folded",

@@ -4,17 +4,39 @@
 //! nothing. Other replicas can only spend more of the budget, never return it, so the cached
 //! denial is never wrong for its duration. Durations are measured on this process's monotonic
 //! clock: only relative times matter here.
+//!
+//! Bounded in entries and in bytes (keys are request-fed): each shard is an LRU list, and an
+//! insert evicts the least recently used denials until it fits, O(1) each. Eviction only costs a
+//! store call later; it never changes a decision. It must never cache a failure-mode answer.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use lru::LruCache;
+
 use crate::algorithm::{Check, Decision, Limit};
 
 const SHARDS: usize = 16;
-/// Above this many entries in a shard, expired ones are dropped on insert.
-const SHARD_SOFT_CAP: usize = 16_384;
+
+/// What one entry costs besides its key: the denial, the map slot and the list links.
+const ENTRY_OVERHEAD_BYTES: usize = std::mem::size_of::<Denial>() + 64;
+
+/// How large the cache may grow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenyCacheBounds {
+    pub max_entries: usize,
+    pub max_bytes: usize,
+}
+
+impl Default for DenyCacheBounds {
+    fn default() -> Self {
+        Self {
+            max_entries: 100_000,
+            max_bytes: 16 << 20,
+        }
+    }
+}
 
 struct Denial {
     /// The limit the refusal was under: a reload that changes it must not be shadowed.
@@ -25,33 +47,58 @@ struct Denial {
     decided_at: Instant,
 }
 
-pub struct DenyCache {
-    shards: Vec<Mutex<HashMap<String, Denial>>>,
-    hasher: RandomState,
+struct Shard {
+    entries: LruCache<String, Denial>,
+    bytes: usize,
 }
 
-impl Default for DenyCache {
-    fn default() -> Self {
-        Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
-        }
-    }
+pub struct DenyCache {
+    shards: Vec<Mutex<Shard>>,
+    hasher: RandomState,
+    max_entries_per_shard: usize,
+    max_bytes_per_shard: usize,
+}
+
+fn cost(key: &str) -> usize {
+    key.len() + ENTRY_OVERHEAD_BYTES
 }
 
 impl DenyCache {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Denial>> {
+    pub fn new(bounds: DenyCacheBounds) -> Self {
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        entries: LruCache::unbounded(),
+                        bytes: 0,
+                    })
+                })
+                .collect(),
+            hasher: RandomState::new(),
+            max_entries_per_shard: bounds.max_entries.div_ceil(SHARDS).max(1),
+            max_bytes_per_shard: bounds.max_bytes.div_ceil(SHARDS),
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard> {
         &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS]
     }
 
     /// The cached denial for this check, with its durations brought up to now.
     pub fn lookup(&self, check: &Check, now: Instant) -> Option<Decision> {
-        let shard = self
+        let mut shard = self
             .shard(&check.key)
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let denial = shard.get(check.key.as_str())?;
-        if denial.limit != check.limit || denial.until <= now || check.hits < denial.hits {
+        let denial = shard.entries.get(check.key.as_str())?;
+        if denial.until <= now {
+            // Expired: free its room now rather than when the LRU order reaches it.
+            if let Some((key, _)) = shard.entries.pop_entry(check.key.as_str()) {
+                shard.bytes -= cost(&key);
+            }
+            return None;
+        }
+        if denial.limit != check.limit || check.hits < denial.hits {
             return None;
         }
         let elapsed = now.duration_since(denial.decided_at);
@@ -67,19 +114,35 @@ impl DenyCache {
         })
     }
 
-    /// Remembers a denial that waiting can cure (one with `retry_after`).
-    pub fn remember(&self, check: &Check, decision: &Decision, now: Instant) {
+    /// Remembers a denial that waiting can cure (one with `retry_after`); returns how many
+    /// entries were evicted to make room.
+    pub fn remember(&self, check: &Check, decision: &Decision, now: Instant) -> usize {
         let Some(retry_after) = decision.retry_after.filter(|_| !decision.allowed) else {
-            return;
+            return 0;
         };
+        let size = cost(&check.key);
+        if size > self.max_bytes_per_shard {
+            return 0;
+        }
         let mut shard = self
             .shard(&check.key)
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if shard.len() >= SHARD_SOFT_CAP {
-            shard.retain(|_, d| d.until > now);
+        if let Some((key, _)) = shard.entries.pop_entry(check.key.as_str()) {
+            shard.bytes -= cost(&key);
         }
-        shard.insert(
+        let mut evicted = 0;
+        while shard.entries.len() >= self.max_entries_per_shard
+            || shard.bytes + size > self.max_bytes_per_shard
+        {
+            let Some((key, _)) = shard.entries.pop_lru() else {
+                break;
+            };
+            shard.bytes -= cost(&key);
+            evicted += 1;
+        }
+        shard.bytes += size;
+        shard.entries.push(
             check.key.clone(),
             Denial {
                 limit: check.limit,
@@ -89,5 +152,96 @@ impl DenyCache {
                 decided_at: now,
             },
         );
+        evicted
+    }
+
+    /// Entries held, and the bytes they are accounted at.
+    pub fn size(&self) -> (usize, usize) {
+        self.shards.iter().fold((0, 0), |(n, b), shard| {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            (n + shard.entries.len(), b + shard.bytes)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+
+    const LIMIT: Limit = Limit {
+        algorithm: Algorithm::SlidingWindow,
+        requests: 1,
+        window_us: 3_600_000_000,
+        burst: 1,
+    };
+
+    fn denied() -> Decision {
+        Decision {
+            allowed: false,
+            limit: 1,
+            remaining: 0,
+            reset_after: Duration::from_secs(3600),
+            retry_after: Some(Duration::from_secs(3600)),
+        }
+    }
+
+    fn check(key: String) -> Check {
+        Check {
+            key,
+            limit: LIMIT,
+            hits: 1,
+        }
+    }
+
+    #[test]
+    fn live_denials_never_outgrow_the_entry_bound() {
+        let cache = DenyCache::new(DenyCacheBounds {
+            max_entries: 1_000,
+            max_bytes: usize::MAX,
+        });
+        let now = Instant::now();
+        let mut evicted = 0;
+        for i in 0..300_000 {
+            evicted += cache.remember(&check(format!("{{d|ip={i}}}")), &denied(), now);
+        }
+        let (entries, _) = cache.size();
+        assert!(entries <= 1_008, "{entries} entries"); // 16 shards of ceil(1000 / 16)
+        assert_eq!(evicted + entries, 300_000);
+        // The most recent denials are the ones kept.
+        assert!(cache.lookup(&check("{d|ip=299999}".into()), now).is_some());
+        assert!(cache.lookup(&check("{d|ip=0}".into()), now).is_none());
+    }
+
+    #[test]
+    fn long_keys_never_outgrow_the_byte_bound() {
+        let max_bytes = 256 * 1024;
+        let cache = DenyCache::new(DenyCacheBounds {
+            max_entries: usize::MAX,
+            max_bytes,
+        });
+        let now = Instant::now();
+        let long = "k".repeat(1024);
+        for i in 0..10_000 {
+            cache.remember(&check(format!("{{d|v={long}{i}}}")), &denied(), now);
+        }
+        let (entries, bytes) = cache.size();
+        assert!(bytes <= max_bytes, "{bytes} bytes");
+        assert!(entries > 100, "room is used: {entries}");
+    }
+
+    #[test]
+    fn expired_denials_are_dropped_when_looked_up() {
+        let cache = DenyCache::new(DenyCacheBounds::default());
+        let now = Instant::now();
+        let short = Decision {
+            retry_after: Some(Duration::from_millis(10)),
+            ..denied()
+        };
+        cache.remember(&check("{d|k=v}".into()), &short, now);
+        assert!(cache.lookup(&check("{d|k=v}".into()), now).is_some());
+        let later = now + Duration::from_millis(11);
+        assert!(cache.lookup(&check("{d|k=v}".into()), later).is_none());
+        assert_eq!(cache.size(), (0, 0));
     }
 }

@@ -15,6 +15,7 @@ use crate::algorithm::{Check, Decision, Limit};
 use crate::store::{Store, StoreError};
 use crate::telemetry::{KindLabels, LogThrottle, Metrics, ModeLabels};
 use deny_cache::DenyCache;
+pub use deny_cache::DenyCacheBounds;
 
 /// What to answer when the store errs or misses its deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -34,8 +35,9 @@ pub struct LimiterConfig {
     /// Longest wait for one store call; past it the failure mode answers.
     pub deadline: Duration,
     pub failure_mode: FailureMode,
-    /// Refuse checks the store refused until their retry time, without asking it again.
-    pub deny_cache: bool,
+    /// Refuse checks the store refused until their retry time, without asking it again, keeping
+    /// at most this much (`None`: no deny cache).
+    pub deny_cache: Option<DenyCacheBounds>,
 }
 
 /// Turns resolved checks into decisions through a store, within a deadline, answering by the
@@ -58,7 +60,7 @@ impl Limiter {
         let config = LimiterConfig {
             deadline: Duration::from_secs(3600),
             failure_mode: FailureMode::Allow,
-            deny_cache: false,
+            deny_cache: None,
         };
         Self::with_policy(store, config, None, metrics)
     }
@@ -77,7 +79,7 @@ impl Limiter {
             fallback,
             metrics,
             failure_log: LogThrottle::default(),
-            deny_cache: config.deny_cache.then(DenyCache::default),
+            deny_cache: config.deny_cache.map(DenyCache::new),
         }
     }
 
@@ -129,7 +131,10 @@ impl Limiter {
                     })?;
                     // Only the store's own refusals: a failure-mode answer says nothing of the budget.
                     if from_store {
-                        cache.remember(check, &decision, now);
+                        let evicted = cache.remember(check, &decision, now);
+                        if evicted > 0 {
+                            self.metrics.deny_cache_evictions.inc_by(evicted as u64);
+                        }
                     }
                     decision
                 }

@@ -22,7 +22,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::clock::Clock;
-use crate::limiter::{FailureMode, Limiter, LimiterConfig};
+use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::pb::RateLimitServiceServer;
 use crate::rules::{self, RulesError};
 use crate::service::{Decider, RlsService, ServiceConfig, admin};
@@ -122,7 +122,10 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             let config = LimiterConfig {
                 deadline: settings.store_timeout,
                 failure_mode: settings.failure_mode,
-                deny_cache: settings.deny_cache,
+                deny_cache: settings.deny_cache.then_some(DenyCacheBounds {
+                    max_entries: settings.deny_cache_max_entries,
+                    max_bytes: settings.deny_cache_max_bytes,
+                }),
             };
             Limiter::with_policy(Box::new(store), config, fallback, metrics.clone())
         }
