@@ -258,6 +258,26 @@ pub struct Settings {
     /// Redis password (prefer the environment variable: command lines are visible to others).
     #[arg(long, env = "PORTCULLIS_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<Secret>,
+    /// Sentinels only: their own ACL user (the data nodes use --redis-user).
+    #[arg(long, env = "PORTCULLIS_REDIS_SENTINEL_USER")]
+    pub redis_sentinel_user: Option<String>,
+    /// Sentinels only: their own password (the data nodes use --redis-password).
+    #[arg(
+        long,
+        env = "PORTCULLIS_REDIS_SENTINEL_PASSWORD",
+        hide_env_values = true
+    )]
+    pub redis_sentinel_password: Option<Secret>,
+    /// Sentinels only: connect to them over TLS (independent of --redis-tls for the data nodes).
+    #[arg(long, env = "PORTCULLIS_REDIS_SENTINEL_TLS")]
+    pub redis_sentinel_tls: bool,
+    /// Sentinels only: PEM CA for their certificates (implies --redis-sentinel-tls).
+    #[arg(long, env = "PORTCULLIS_REDIS_SENTINEL_CA_FILE")]
+    pub redis_sentinel_ca_file: Option<PathBuf>,
+    /// Longest one connection set-up to Redis may take (DNS, TCP, TLS, AUTH, Sentinel lookup);
+    /// separate from --store-timeout, which bounds each call on a connection already made.
+    #[arg(long, env = "PORTCULLIS_REDIS_CONNECT_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub redis_connect_timeout: Duration,
     /// Connections in the standalone/Sentinel pool (each multiplexed; see BENCHMARKS.md).
     #[arg(long, env = "PORTCULLIS_REDIS_POOL_SIZE", default_value_t = 2)]
     pub redis_pool_size: u32,
@@ -330,6 +350,10 @@ pub struct Settings {
     /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
     #[arg(long, env = "PORTCULLIS_READY_REQUIRES_RULES")]
     pub ready_requires_rules: bool,
+    /// Stay ready while the store refuses us for a reason waiting cannot heal (wrong password,
+    /// missing ACL permission, rejected certificate); by default /readyz then fails.
+    #[arg(long, env = "PORTCULLIS_READY_ON_PERMANENT_STORE_ERRORS")]
+    pub ready_on_permanent_store_errors: bool,
     /// Make /readyz fail while the store does not answer (by default it only reports it).
     #[arg(long, env = "PORTCULLIS_READY_REQUIRES_STORE")]
     pub ready_requires_store: bool,
@@ -374,6 +398,12 @@ impl Settings {
         duration(
             "--store-timeout",
             self.store_timeout,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        );
+        duration(
+            "--redis-connect-timeout",
+            self.redis_connect_timeout,
             Duration::from_millis(1),
             Duration::from_secs(60),
         );
@@ -485,6 +515,11 @@ impl Settings {
             redis_ca_file: None,
             redis_user: None,
             redis_password: None,
+            redis_sentinel_user: None,
+            redis_sentinel_password: None,
+            redis_sentinel_tls: false,
+            redis_sentinel_ca_file: None,
+            redis_connect_timeout: Duration::from_secs(2),
             redis_pool_size: 2,
             key_prefix: "portcullis:".into(),
             store_timeout: Duration::from_secs(2),
@@ -501,6 +536,7 @@ impl Settings {
             max_detailed_series: 2000,
             near_limit_ratio: 0.8,
             ready_requires_store: false,
+            ready_on_permanent_store_errors: false,
             ready_requires_rules: false,
             allow_rules_removal: false,
             drain_period: Duration::from_millis(100),

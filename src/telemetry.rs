@@ -185,6 +185,7 @@ pub struct Metrics {
     pub call_seconds: Histogram,
     pub store_seconds: Histogram,
     pub store_errors: Family<KindLabels, Counter>,
+    pub store_connect_errors: Family<KindLabels, Counter>,
     pub failure_mode_answers: Family<ModeLabels, Counter>,
     pub rules_reloads: Family<ResultLabels, Counter>,
     pub rules_loaded_timestamp: Gauge<f64, AtomicU64>,
@@ -215,6 +216,7 @@ impl Metrics {
             call_seconds: latency(),
             store_seconds: latency(),
             store_errors: Family::default(),
+            store_connect_errors: Family::default(),
             failure_mode_answers: Family::default(),
             rules_reloads: Family::default(),
             rules_loaded_timestamp: Gauge::default(),
@@ -270,8 +272,13 @@ impl Metrics {
         );
         registry.register(
             "store_errors",
-            "Store calls that failed, by kind (timeout, unavailable, protocol)",
+            "Checks the store failed to decide, by kind (timeout, unavailable, permanent, protocol)",
             m.store_errors.clone(),
+        );
+        registry.register(
+            "store_connect_errors",
+            "Failed attempts to connect to the store, by kind (permanent: fix the configuration)",
+            m.store_connect_errors.clone(),
         );
         registry.register(
             "failure_mode_answers",

@@ -31,9 +31,36 @@ fn config(topology: Topology) -> RedisConfig {
         ca_pem: None,
         username: None,
         password: None,
+        sentinel: Default::default(),
         pool_size: 2,
-        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
     }
+}
+
+/// A store on `topology` whose connections are made (they are made in the background).
+async fn connected_store(topology: Topology, prefix: &str) -> RedisStore {
+    let store = RedisStore::new(&config(topology), prefix, Default::default()).unwrap();
+    store
+        .probe(Duration::from_secs(10))
+        .await
+        .expect("Redis usable");
+    store
+}
+
+/// The store's decisions for `checks` with the script's clock at `clock`; every one must come
+/// from Redis.
+async fn decide(
+    store: &RedisStore,
+    checks: &[Check],
+    clock: ScriptClock,
+) -> Vec<portcullis::algorithm::Decision> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    store
+        .check_with_clock(checks, clock, deadline)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("redis answers"))
+        .collect()
 }
 
 /// xorshift64*: reproducible random sequences without a dependency.
@@ -61,7 +88,7 @@ const ALGORITHMS: [Algorithm; 3] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
     let redis = RedisServer::start();
-    let store = RedisStore::new(&config(Topology::Standalone(redis.url())), "model:").unwrap();
+    let store = connected_store(Topology::Standalone(redis.url()), "model:").await;
     let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
     let mut rng = Rng(0x5EED_1234_ABCD_0001);
     let mut compared = 0;
@@ -122,10 +149,7 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                     },
                 })
                 .collect();
-            let from_redis = store
-                .check_with_clock(&checks, ScriptClock::Fixed(now))
-                .await
-                .expect("redis answers");
+            let from_redis = decide(&store, &checks, ScriptClock::Fixed(now)).await;
             let from_memory: Vec<_> = checks.iter().map(|c| memory.check_at(c, now)).collect();
             assert_eq!(
                 from_redis, from_memory,
@@ -140,7 +164,7 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
 #[tokio::test]
 async fn a_token_bucket_whose_rate_a_reload_lowers_keeps_an_honest_retry_time() {
     let redis = RedisServer::start();
-    let store = RedisStore::new(&config(Topology::Standalone(redis.url())), "tb:").unwrap();
+    let store = connected_store(Topology::Standalone(redis.url()), "tb:").await;
     let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
     let hour = 3_600_000_000;
     let fast = Limit {
@@ -162,18 +186,12 @@ async fn a_token_bucket_whose_rate_a_reload_lowers_keeps_an_honest_retry_time() 
     };
     let now = FUTURE_US;
     let first = [check(fast)];
-    let redis_first = store
-        .check_with_clock(&first, ScriptClock::Fixed(now))
-        .await
-        .unwrap();
+    let redis_first = decide(&store, &first, ScriptClock::Fixed(now)).await;
     assert_eq!(redis_first, vec![memory.check_at(&first[0], now)]);
     // A hit of 0.9 us at the old rate is owed; under the new rate that is still under a
     // microsecond, never the 3.6e9 units of the old rate read as microseconds (an hour).
     let second = [check(slow)];
-    let redis_second = store
-        .check_with_clock(&second, ScriptClock::Fixed(now))
-        .await
-        .unwrap();
+    let redis_second = decide(&store, &second, ScriptClock::Fixed(now)).await;
     let memory_second = memory.check_at(&second[0], now);
     assert_eq!(redis_second, vec![memory_second]);
     assert!(!memory_second.allowed);
@@ -182,10 +200,7 @@ async fn a_token_bucket_whose_rate_a_reload_lowers_keeps_an_honest_retry_time() 
         "{memory_second:?}"
     );
     // A microsecond later the new bucket's one token is there.
-    let third = store
-        .check_with_clock(&second, ScriptClock::Fixed(now + 1))
-        .await
-        .unwrap();
+    let third = decide(&store, &second, ScriptClock::Fixed(now + 1)).await;
     assert!(third[0].allowed, "{third:?}");
     assert_eq!(third, vec![memory.check_at(&second[0], now + 1)]);
 }
@@ -193,7 +208,7 @@ async fn a_token_bucket_whose_rate_a_reload_lowers_keeps_an_honest_retry_time() 
 #[tokio::test]
 async fn the_production_path_reads_redis_time_not_the_callers_clock() {
     let redis = RedisServer::start();
-    let store = RedisStore::new(&config(Topology::Standalone(redis.url())), "t:").unwrap();
+    let store = connected_store(Topology::Standalone(redis.url()), "t:").await;
     let limit = Limit {
         algorithm: Algorithm::FixedWindow,
         requests: 5,
@@ -206,7 +221,9 @@ async fn the_production_path_reads_redis_time_not_the_callers_clock() {
         hits: 1,
     };
     use portcullis::store::Store;
-    store.check(std::slice::from_ref(&check)).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let answers = store.check(std::slice::from_ref(&check), deadline).await;
+    answers[0].as_ref().expect("redis answers");
     // The fixed window the script wrote is today's window by Redis' own TIME.
     let time = cli(redis.port, &["TIME"]);
     let redis_secs: u64 = time.lines().next().unwrap().parse().unwrap();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{Check, Decision, Limit};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, all_failed};
 use crate::telemetry::{KindLabels, LogThrottle, Metrics, ModeLabels};
 use deny_cache::DenyCache;
 pub use deny_cache::DenyCacheBounds;
@@ -83,32 +83,50 @@ impl Limiter {
         }
     }
 
-    fn log_failure(&self, error: &StoreError) {
+    fn log_failure(&self, error: &StoreError, failed: usize, checks: usize) {
         let Some(skipped) = self.failure_log.allow() else {
             return;
         };
-        tracing::warn!(
-            error = %error,
-            mode = ?self.failure_mode,
-            store = self.store.name(),
-            similar_failures_not_logged = skipped,
-            "store failed: answering by the failure mode"
-        );
+        if error.is_permanent() {
+            tracing::error!(
+                %error,
+                mode = ?self.failure_mode,
+                store = self.store.name(),
+                failed_checks = failed,
+                checks,
+                similar_failures_not_logged = skipped,
+                "store refuses us: answering by the failure mode until the configuration is fixed"
+            );
+        } else {
+            tracing::warn!(
+                %error,
+                mode = ?self.failure_mode,
+                store = self.store.name(),
+                failed_checks = failed,
+                checks,
+                similar_failures_not_logged = skipped,
+                "store failed: answering by the failure mode"
+            );
+        }
     }
 
+    /// One decision per check, in order: the store's, a cached refusal of the store's, or the
+    /// failure mode's for each check the store could not decide in time.
     pub async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
         let Some(cache) = &self.deny_cache else {
-            return self
+            return Ok(self
                 .check_store(checks)
                 .await
-                .map(|(decisions, _)| decisions);
+                .into_iter()
+                .map(|(decision, _)| decision)
+                .collect());
         };
         let now = Instant::now();
         let cached: Vec<Option<Decision>> = checks.iter().map(|c| cache.lookup(c, now)).collect();
         let hits = cached.iter().filter(|c| c.is_some()).count();
         // The usual case, nothing cached: the checks go to the store as they are, uncopied.
-        let (stored, from_store) = if hits == 0 {
-            self.check_store(checks).await?
+        let stored = if hits == 0 {
+            self.check_store(checks).await
         } else {
             self.metrics.deny_cache_hits.inc_by(hits as u64);
             let to_store: Vec<Check> = checks
@@ -117,7 +135,7 @@ impl Limiter {
                 .filter(|(_, c)| c.is_none())
                 .map(|(check, _)| check.clone())
                 .collect();
-            self.check_store(&to_store).await?
+            self.check_store(&to_store).await
         };
         let mut stored = stored.into_iter();
         let now = Instant::now();
@@ -126,7 +144,7 @@ impl Limiter {
             let decision = match cached {
                 Some(decision) => decision,
                 None => {
-                    let decision = stored.next().ok_or_else(|| {
+                    let (decision, from_store) = stored.next().ok_or_else(|| {
                         StoreError::Protocol("store answered too few decisions".into())
                     })?;
                     // Only the store's own refusals: a failure-mode answer says nothing of the budget.
@@ -144,66 +162,109 @@ impl Limiter {
         Ok(decisions)
     }
 
-    /// The store's decisions (`true`), or the failure mode's (`false`).
-    async fn check_store(&self, checks: &[Check]) -> Result<(Vec<Decision>, bool), StoreError> {
+    /// Per check: the store's decision (`true`), or the failure mode's (`false`) where the store
+    /// failed or missed the deadline for that check.
+    async fn check_store(&self, checks: &[Check]) -> Vec<(Decision, bool)> {
         if checks.is_empty() {
-            return Ok((Vec::new(), true));
+            return Vec::new();
         }
-        let started = Instant::now();
-        let answer = tokio::time::timeout(self.deadline, self.store.check(checks)).await;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.deadline;
+        // The store keeps the deadline itself (per check on Cluster); this is the backstop.
+        let answers = match tokio::time::timeout_at(
+            deadline + DEADLINE_BACKSTOP,
+            self.store.check(checks, deadline),
+        )
+        .await
+        {
+            Ok(answers) if answers.len() == checks.len() => answers,
+            Ok(answers) => all_failed(
+                checks.len(),
+                StoreError::Protocol(format!(
+                    "store answered {} decisions for {} checks",
+                    answers.len(),
+                    checks.len()
+                )),
+            ),
+            Err(_) => all_failed(checks.len(), StoreError::Timeout(self.deadline)),
+        };
         self.metrics
             .store_seconds
             .observe(started.elapsed().as_secs_f64());
-        let (error, kind) = match answer {
-            Ok(Ok(decisions)) => return Ok((decisions, true)),
-            Ok(Err(e)) => {
-                let kind = if e.is_transient() {
-                    "unavailable"
-                } else {
-                    "protocol"
-                };
-                (e, kind)
+        let mut out: Vec<Option<(Decision, bool)>> = Vec::with_capacity(checks.len());
+        let mut failed: Vec<usize> = Vec::new();
+        let mut first_error = None;
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(decision) => out.push(Some((decision, true))),
+                Err(error) => {
+                    self.metrics
+                        .store_errors
+                        .get_or_create(&KindLabels {
+                            kind: error.kind().into(),
+                        })
+                        .inc();
+                    first_error.get_or_insert(error);
+                    failed.push(i);
+                    out.push(None);
+                }
             }
-            Err(_) => (
-                StoreError::Unavailable(format!("no answer within {:?}", self.deadline)),
-                "timeout",
-            ),
-        };
-        self.metrics
-            .store_errors
-            .get_or_create(&KindLabels { kind: kind.into() })
-            .inc();
-        self.log_failure(&error);
-        self.metrics
-            .failure_mode_answers
-            .get_or_create(&ModeLabels {
-                mode: format!("{:?}", self.failure_mode).to_lowercase(),
-            })
-            .inc();
-        let decisions = match (self.failure_mode, &self.fallback) {
-            (FailureMode::Allow, _) => checks.iter().map(|c| failed_open(&c.limit)).collect(),
-            (FailureMode::Deny, _) => checks.iter().map(|c| failed_closed(&c.limit)).collect(),
-            (FailureMode::Local, Some(fallback)) => fallback.check(checks).await?,
-            (FailureMode::Local, None) => return Err(error),
-        };
-        Ok((decisions, false))
+        }
+        if let Some(error) = first_error {
+            self.log_failure(&error, failed.len(), checks.len());
+            self.metrics
+                .failure_mode_answers
+                .get_or_create(&ModeLabels {
+                    mode: format!("{:?}", self.failure_mode).to_lowercase(),
+                })
+                .inc();
+            let answered: Vec<Decision> = match (self.failure_mode, &self.fallback) {
+                (FailureMode::Deny, _) => failed
+                    .iter()
+                    .map(|&i| failed_closed(&checks[i].limit))
+                    .collect(),
+                (FailureMode::Local, Some(fallback)) => {
+                    let local: Vec<Check> = failed.iter().map(|&i| checks[i].clone()).collect();
+                    let answers = fallback.check(&local, deadline).await;
+                    local
+                        .iter()
+                        .zip(answers)
+                        .map(|(c, a)| a.unwrap_or_else(|_| failed_open(&c.limit)))
+                        .collect()
+                }
+                _ => failed
+                    .iter()
+                    .map(|&i| failed_open(&checks[i].limit))
+                    .collect(),
+            };
+            for (&i, decision) in failed.iter().zip(answered) {
+                out[i] = Some((decision, false));
+            }
+        }
+        out.into_iter()
+            .zip(checks)
+            .map(|(o, c)| o.unwrap_or_else(|| (failed_open(&c.limit), false)))
+            .collect()
     }
 
     pub fn store_name(&self) -> &'static str {
         self.store.name()
     }
 
-    /// Whether the store answers a ping within the deadline (for `/readyz`).
-    pub async fn store_ready(&self) -> Result<(), StoreError> {
-        match tokio::time::timeout(self.deadline, self.store.ping()).await {
+    /// Whether the store answers a ping within `within` (for `/readyz`).
+    pub async fn store_ready(&self, within: Duration) -> Result<(), StoreError> {
+        let deadline = tokio::time::Instant::now() + within;
+        match tokio::time::timeout_at(deadline + DEADLINE_BACKSTOP, self.store.ping(deadline)).await
+        {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "no answer within {:?}",
-                self.deadline
-            ))),
+            Err(_) => Err(StoreError::Timeout(within)),
         }
     }
 }
+
+/// How long past its deadline a store call is awaited before the limiter stops waiting for it
+/// (stores keep the deadline themselves; this only guards against one that does not).
+const DEADLINE_BACKSTOP: Duration = Duration::from_millis(5);
 
 /// Allowed without counting: nothing is known about the real counter.
 fn failed_open(limit: &Limit) -> Decision {

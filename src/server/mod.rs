@@ -27,7 +27,7 @@ use crate::pb::RateLimitServiceServer;
 use crate::rules::{self, RulesError};
 use crate::service::{Decider, RlsService, ServiceConfig, admin};
 use crate::settings::{Settings, StoreKind};
-use crate::store::redis::{RedisConfig, Topology};
+use crate::store::redis::{RedisConfig, SentinelAuth, Topology};
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
 
@@ -115,8 +115,9 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         StoreKind::Redis => {
             let config = redis_config(settings)?;
             tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");
-            let store = RedisStore::new(&config, &settings.key_prefix)
+            let store = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
                 .map_err(|e| StartError::Settings(e.to_string()))?;
+            spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
             let fallback =
                 (settings.failure_mode == FailureMode::Local).then(|| memory() as Box<dyn Store>);
             let config = LimiterConfig {
@@ -214,6 +215,8 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         draining: draining.clone(),
         ready_requires_store: settings.ready_requires_store,
         ready_requires_rules: settings.ready_requires_rules,
+        ready_on_permanent_store_errors: settings.ready_on_permanent_store_errors,
+        store_ping_timeout: settings.store_timeout.max(Duration::from_millis(250)),
         json_enabled: settings.admin_json,
     });
     let admin_task = tokio::spawn(listen::serve_http(
@@ -296,12 +299,11 @@ fn redis_config(settings: &Settings) -> Result<RedisConfig, StartError> {
         }
     };
     let ca_pem = match &settings.redis_ca_file {
-        Some(path) => Some(std::fs::read(path).map_err(|e| {
-            StartError::Settings(format!(
-                "cannot read --redis-ca-file {}: {e}",
-                path.display()
-            ))
-        })?),
+        Some(path) => Some(read_file("--redis-ca-file", path)?),
+        None => None,
+    };
+    let sentinel_ca_pem = match &settings.redis_sentinel_ca_file {
+        Some(path) => Some(read_file("--redis-sentinel-ca-file", path)?),
         None => None,
     };
     Ok(RedisConfig {
@@ -310,9 +312,41 @@ fn redis_config(settings: &Settings) -> Result<RedisConfig, StartError> {
         ca_pem,
         username: settings.redis_user.clone(),
         password: settings.redis_password.as_ref().map(|s| s.0.clone()),
+        sentinel: SentinelAuth {
+            tls: settings.redis_sentinel_tls || sentinel_ca_pem.is_some(),
+            ca_pem: sentinel_ca_pem,
+            username: settings.redis_sentinel_user.clone(),
+            password: settings
+                .redis_sentinel_password
+                .as_ref()
+                .map(|s| s.0.clone()),
+        },
         pool_size: settings.redis_pool_size,
-        timeout: settings.store_timeout,
+        connect_timeout: settings.redis_connect_timeout,
     })
+}
+
+fn read_file(flag: &str, path: &std::path::Path) -> Result<Vec<u8>, StartError> {
+    std::fs::read(path)
+        .map_err(|e| StartError::Settings(format!("cannot read {flag} {}: {e}", path.display())))
+}
+
+/// Tells at start-up, in the log, whether Redis is usable and if not why (the connections keep
+/// trying in the background either way).
+fn spawn_probe(store: RedisStore, timeout: Duration) {
+    tokio::spawn(async move {
+        match store.probe(timeout).await {
+            Ok(what) => tracing::info!("Redis ready: {what}"),
+            Err(e) if e.is_permanent() => tracing::error!(
+                error = %e,
+                "Redis refuses Portcullis: every call is answered by the failure mode until this is fixed"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "Redis not usable yet: calls are answered by the failure mode meanwhile; still trying"
+            ),
+        }
+    });
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -2,8 +2,9 @@
 //! never the other way round):
 //! - `/healthz`: the process answers (liveness; never depends on a store),
 //! - `/readyz`: not draining; the store's state and the rules are reported in the body; fails
-//!   while the store is down only with `--ready-requires-store`, while no domain is loaded only
-//!   with `--ready-requires-rules`,
+//!   while the store refuses us for good (wrong password, permissions, certificate) unless
+//!   `--ready-on-permanent-store-errors`, while it is merely down only with
+//!   `--ready-requires-store`, while no domain is loaded only with `--ready-requires-rules`,
 //! - `/rlconfig`: the rules in force, one line per limit,
 //! - `/metrics`: Prometheus (OpenMetrics text),
 //! - `/json` (only with `--admin-json`: it spends budget): POST a proto3-JSON RateLimitRequest,
@@ -33,6 +34,10 @@ pub struct AdminState {
     pub draining: Arc<AtomicBool>,
     pub ready_requires_store: bool,
     pub ready_requires_rules: bool,
+    /// Stay ready while the store refuses us permanently (wrong password, ...).
+    pub ready_on_permanent_store_errors: bool,
+    /// How long the readiness ping of the store may take.
+    pub store_ping_timeout: std::time::Duration,
     /// Serve `/json` (it spends budget like a gateway call: off unless asked for).
     pub json_enabled: bool,
 }
@@ -60,7 +65,7 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
         rules.rules().len(),
         rules.files.len()
     );
-    let store = state.limiter.store_ready().await;
+    let store = state.limiter.store_ready(state.store_ping_timeout).await;
     let store_name = state.limiter.store_name();
     match &store {
         Ok(()) => body.push_str(&format!("store: {store_name} ok\n")),
@@ -75,6 +80,13 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
         body.push_str("rules: no domain loaded\n");
     }
     if state.ready_requires_rules && no_domain {
+        return (StatusCode::SERVICE_UNAVAILABLE, body);
+    }
+    if let Err(e) = &store
+        && e.is_permanent()
+        && !state.ready_on_permanent_store_errors
+    {
+        body.push_str("not ready: the store refuses us; fix its configuration (or start with --ready-on-permanent-store-errors)\n");
         return (StatusCode::SERVICE_UNAVAILABLE, body);
     }
     if state.ready_requires_store && store.is_err() {

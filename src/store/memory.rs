@@ -11,6 +11,8 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{Store, StoreFuture};
 use crate::algorithm::{self, Check, Decision, State};
 use crate::clock::Clock;
@@ -130,10 +132,13 @@ impl MemoryStore {
 }
 
 impl Store for Arc<MemoryStore> {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
+    fn check<'a>(&'a self, checks: &'a [Check], _deadline: Instant) -> StoreFuture<'a> {
         let now_us = self.clock.now_us();
-        let decisions = checks.iter().map(|c| self.check_at(c, now_us)).collect();
-        Box::pin(std::future::ready(Ok(decisions)))
+        let decisions = checks
+            .iter()
+            .map(|c| Ok(self.check_at(c, now_us)))
+            .collect();
+        Box::pin(std::future::ready(decisions))
     }
 
     fn name(&self) -> &'static str {

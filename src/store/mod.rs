@@ -1,49 +1,80 @@
-//! Where counters live. A store runs each `Check` atomically and answers a `Decision` per check,
-//! in order. It knows nothing of protobuf or rules; it only counts.
+//! Where counters live. A store runs each `Check` atomically and answers per check, in order: a
+//! `Decision`, or why that check could not be decided (one slow Cluster node must not turn the
+//! checks on healthy nodes into failure-mode answers). It knows nothing of protobuf or rules; it
+//! only counts, and must never answer after the deadline it is given.
 
 pub mod memory;
 pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::algorithm::{Check, Decision};
 
 pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
 
-#[derive(Debug, thiserror::Error)]
+/// Why a store could not decide. The kind tells the operator what to do: wait (`Timeout`,
+/// `Unavailable`), fix the configuration (`Permanent`: waiting will not help), or report a bug
+/// (`Protocol`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// The store could not be reached or answered too late; the same call may pass later.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// Unreachable, restarting, failing over, out of memory: the same call may pass later.
     #[error("store unavailable: {0}")]
     Unavailable(String),
-    /// The store answered something that breaks the contract; retrying will not help.
+    /// Refused for a reason waiting cannot heal: authentication, permissions, certificate
+    /// verification, keys across slots, an unsupported server.
+    #[error("store refuses us, and waiting will not help: {0}")]
+    Permanent(String),
+    /// The store answered something that breaks the contract.
     #[error("store answered unexpectedly: {0}")]
     Protocol(String),
 }
 
 impl StoreError {
-    pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+    /// The metric label of this kind of failure.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Permanent(_) => "permanent",
+            StoreError::Protocol(_) => "protocol",
+        }
+    }
+
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, StoreError::Permanent(_))
     }
 }
 
-pub type StoreFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Vec<Decision>, StoreError>> + Send + 'a>>;
+/// One answer per check, in the order of the checks.
+pub type Answers = Vec<Result<Decision, StoreError>>;
+
+pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Answers> + Send + 'a>>;
 
 pub type PingFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
 /// A counter store. Boxed futures keep it object-safe, so the service picks the store at start-up;
 /// one allocation per call is noise beside a gRPC round trip.
 pub trait Store: Send + Sync + 'static {
-    /// Runs every check (each atomically) and answers one decision per check, in order.
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a>;
+    /// Runs every check (each atomically) and answers for each, in order, by `deadline`.
+    fn check<'a>(&'a self, checks: &'a [Check], deadline: Instant) -> StoreFuture<'a>;
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
 
-    /// Whether the store answers (for readiness reporting); the embedded store always does.
-    fn ping(&self) -> PingFuture<'_> {
+    /// Whether the store answers (for readiness); the embedded store always does.
+    fn ping(&self, _deadline: Instant) -> PingFuture<'_> {
         Box::pin(std::future::ready(Ok(())))
     }
+}
+
+/// The same error for every check: a failure of the whole call.
+pub fn all_failed(checks: usize, error: StoreError) -> Answers {
+    vec![Err(error); checks]
 }

@@ -1,23 +1,42 @@
-//! Connections to Redis. Standalone and Sentinel: a bb8 pool of multiplexed connections.
-//! Cluster: redis-rs's async cluster client (follows MOVED/ASK, refreshes slots after failover).
+//! Connections to Redis. Standalone and Sentinel: a small set of multiplexed connections, each
+//! (re)connected by a background task. Cluster: redis-rs's async cluster client.
 //!
-//! Why our own bb8 manager and not bb8-redis': its `has_broken` is always false, so after a Redis
-//! restart the pool would keep handing out dead connections unless every checkout PINGs (a second
-//! round trip per call). Ours marks a connection broken when a command on it fails at the
-//! connection level, and bb8 drops it and opens a new one in the background. For Sentinel each new
-//! connection asks the sentinels for the current master, so a failover heals the same way.
+//! Why our own set and not a pool crate: a multiplexed connection carries many requests at once,
+//! so a call never checks one out; it picks a live one and never waits for a connection to be
+//! made. Connecting happens in the background, bounded by `connect_timeout` (DNS, TCP, TLS,
+//! AUTH/HELLO, the Sentinel lookup), which is separate from the per-call deadline: a TLS or
+//! cross-zone handshake may take longer than a decision may. Failed connects back off (100 ms
+//! doubling to 5 s) instead of being retried by every call, and the real reason (WRONGPASS, a
+//! certificate, a refused port) is kept for calls, logs and `/readyz`. A connection is retired when
+//! it fails at the connection level, or after `TIMEOUTS_TO_RETIRE` calls in a row missed their
+//! deadline; one slow reply does not throw away a healthy connection.
+//!
+//! Every socket gets TCP_NODELAY (a decision is one small request; Nagle would hold it for the
+//! previous ACK) and TCP keepalive (a peer that vanished without a FIN is noticed). This module
+//! must never log a password.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::{TcpSettings, socket2};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
     AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisError,
     TlsCertificates, TlsMode,
 };
+
+use super::classify;
+use crate::store::StoreError;
+use crate::telemetry::{KindLabels, LogThrottle, Metrics};
+
+/// Calls in a row that missed their deadline on one connection before it is replaced.
+pub const TIMEOUTS_TO_RETIRE: u32 = 3;
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// How to reach Redis.
 #[derive(Clone)]
@@ -33,7 +52,18 @@ pub enum Topology {
     },
 }
 
-/// Everything needed to connect; the password is never printed.
+/// How to talk to the sentinels themselves (their own ACL user, password and TLS, which are
+/// often not the data nodes').
+#[derive(Clone, Default)]
+pub struct SentinelAuth {
+    pub tls: bool,
+    /// PEM root certificate(s) for the sentinels' certificates.
+    pub ca_pem: Option<Vec<u8>>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+/// Everything needed to connect; the passwords are never printed.
 #[derive(Clone)]
 pub struct RedisConfig {
     pub topology: Topology,
@@ -42,10 +72,11 @@ pub struct RedisConfig {
     pub ca_pem: Option<Vec<u8>>,
     pub username: Option<String>,
     pub password: Option<String>,
-    /// Connections in the standalone/Sentinel pool.
+    pub sentinel: SentinelAuth,
+    /// Connections in the standalone/Sentinel set.
     pub pool_size: u32,
-    /// Bound on one Redis command (and on opening a connection).
-    pub timeout: Duration,
+    /// Bound on setting up one connection (DNS, TCP, TLS, AUTH/HELLO, Sentinel lookup).
+    pub connect_timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -57,14 +88,18 @@ impl std::fmt::Debug for RedisConfig {
                 format!("sentinel {} master {master}", sentinels.join(","))
             }
         };
+        let redacted = |p: &Option<String>| p.as_ref().map(|_| "<redacted>");
         f.debug_struct("RedisConfig")
             .field("topology", &topology)
             .field("tls", &self.tls)
             .field("ca", &self.ca_pem.as_ref().map(|_| "from file"))
             .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password", &redacted(&self.password))
+            .field("sentinel_tls", &self.sentinel.tls)
+            .field("sentinel_username", &self.sentinel.username)
+            .field("sentinel_password", &redacted(&self.sentinel.password))
             .field("pool_size", &self.pool_size)
-            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
@@ -107,62 +142,28 @@ fn address(host: String, port: u16, tls: bool) -> ConnectionAddr {
     }
 }
 
-fn connection_config(timeout: Duration) -> AsyncConnectionConfig {
-    AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
+/// TCP_NODELAY and keepalive (probes after 30 s idle, every 10 s).
+pub fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true).set_keepalive(
+        socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(30))
+            .with_interval(Duration::from_secs(10)),
+    )
 }
 
-enum Target {
-    Direct(redis::Client),
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
-}
-
-pub struct Manager {
-    target: Target,
-    config: AsyncConnectionConfig,
-}
-
-/// A pooled connection and whether it failed at the connection level. The flag is shared with
-/// the clones callers use, so a failure seen on a clone retires the pooled connection.
-pub struct PooledConn {
-    pub conn: MultiplexedConnection,
-    pub broken: Arc<AtomicBool>,
-}
-
-impl bb8::ManageConnection for Manager {
-    type Connection = PooledConn;
-    type Error = RedisError;
-
-    async fn connect(&self) -> Result<PooledConn, RedisError> {
-        let client = match &self.target {
-            Target::Direct(client) => client.clone(),
-            Target::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
-        };
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        Ok(PooledConn {
-            conn,
-            broken: Arc::new(AtomicBool::new(false)),
-        })
-    }
-
-    async fn is_valid(&self, conn: &mut PooledConn) -> Result<(), RedisError> {
-        redis::cmd("PING").query_async::<()>(&mut conn.conn).await
-    }
-
-    fn has_broken(&self, conn: &mut PooledConn) -> bool {
-        conn.broken.load(Ordering::Relaxed)
-    }
+fn certificates(ca_pem: &Option<Vec<u8>>) -> Option<TlsCertificates> {
+    ca_pem.clone().map(|pem| TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem),
+    })
 }
 
 /// Whether an error means the connection (or the node behind it) must be replaced: I/O errors,
-/// dropped connections, timeouts, and a master that became a replica (READONLY) after failover.
+/// dropped connections, and a master that became a replica (READONLY) after failover. Not a
+/// missed deadline: that is counted (`Live::timed_out`).
 pub fn breaks_connection(error: &RedisError) -> bool {
     error.is_io_error()
         || error.is_connection_dropped()
-        || error.is_timeout()
         || error.is_unrecoverable_error()
         || matches!(
             error.kind(),
@@ -170,22 +171,226 @@ pub fn breaks_connection(error: &RedisError) -> bool {
         )
 }
 
+/// One multiplexed connection in use.
+pub struct Live {
+    pub conn: MultiplexedConnection,
+    timeouts: AtomicU32,
+    broken: AtomicBool,
+}
+
+impl Live {
+    pub fn succeeded(&self) {
+        self.timeouts.store(0, Ordering::Relaxed);
+    }
+
+    /// A call missed its deadline on this connection: after `TIMEOUTS_TO_RETIRE` in a row it is
+    /// replaced (a half-open TCP connection never answers again).
+    pub fn timed_out(&self) {
+        if self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_TO_RETIRE {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub fn failed(&self, error: &RedisError) {
+        if breaks_connection(error) {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+}
+
+enum Target {
+    Direct(redis::Client),
+    Sentinel(tokio::sync::Mutex<SentinelClient>),
+}
+
+struct Slot {
+    live: ArcSwapOption<Live>,
+    connecting: AtomicBool,
+}
+
+/// The standalone/Sentinel connections.
+pub struct ConnectionSet {
+    slots: Box<[Slot]>,
+    next: AtomicUsize,
+    target: Target,
+    config: AsyncConnectionConfig,
+    connect_timeout: Duration,
+    /// Why the last connect failed; cleared by a successful one.
+    last_error: Mutex<Option<StoreError>>,
+    /// Woken when a slot connects.
+    connected: tokio::sync::Notify,
+    metrics: Arc<Metrics>,
+    log: LogThrottle,
+}
+
+impl ConnectionSet {
+    fn new(target: Target, config: &RedisConfig, metrics: Arc<Metrics>) -> Arc<ConnectionSet> {
+        let set = Arc::new(ConnectionSet {
+            slots: (0..config.pool_size.max(1))
+                .map(|_| Slot {
+                    live: ArcSwapOption::empty(),
+                    connecting: AtomicBool::new(false),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+            target,
+            // No response timeout here: each call carries its own deadline.
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(None),
+            connect_timeout: config.connect_timeout,
+            last_error: Mutex::new(None),
+            connected: tokio::sync::Notify::new(),
+            metrics,
+            log: LogThrottle::default(),
+        });
+        for index in 0..set.slots.len() {
+            set.reconnect(index);
+        }
+        set
+    }
+
+    /// A live connection, without waiting: none live is an error saying why.
+    pub fn get(self: &Arc<Self>) -> Result<Arc<Live>, StoreError> {
+        let count = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        for i in 0..count {
+            let index = (start + i) % count;
+            match self.slots[index].live.load_full() {
+                Some(live) if !live.is_broken() => return Ok(live),
+                _ => self.reconnect(index),
+            }
+        }
+        Err(self.last_error().unwrap_or_else(|| {
+            StoreError::Unavailable("connecting to Redis (no connection yet)".into())
+        }))
+    }
+
+    /// A live connection; when none is live but a connect is under way and has not failed yet
+    /// (start-up, or a connection just replaced), waits for it until `deadline`. After a failed
+    /// connect it answers at once: during an outage the failure mode answers without delay.
+    pub async fn get_or_wait(
+        self: &Arc<Self>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Arc<Live>, StoreError> {
+        match self.get() {
+            Ok(live) => Ok(live),
+            Err(e) if self.last_error().is_some() => Err(e),
+            Err(_) => {
+                let notified = self.connected.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if !self.any_live() {
+                    let _ = tokio::time::timeout_at(deadline, notified).await;
+                }
+                self.get()
+            }
+        }
+    }
+
+    /// The reason the last connect failed, if the last attempt failed.
+    pub fn last_error(&self) -> Option<StoreError> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether any connection is live (for the start-up probe).
+    pub fn any_live(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|s| s.live.load().as_ref().is_some_and(|l| !l.is_broken()))
+    }
+
+    /// Starts connecting slot `index` in the background, unless that is under way.
+    fn reconnect(self: &Arc<Self>, index: usize) {
+        if self.slots[index].connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(connect_slot(weak, index));
+    }
+
+    async fn connect(&self) -> Result<MultiplexedConnection, RedisError> {
+        let client = match &self.target {
+            Target::Direct(client) => client.clone(),
+            Target::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
+        };
+        client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+    }
+
+    fn connect_failed(&self, error: StoreError) {
+        self.metrics
+            .store_connect_errors
+            .get_or_create(&KindLabels {
+                kind: error.kind().into(),
+            })
+            .inc();
+        if let Some(skipped) = self.log.allow() {
+            if error.is_permanent() {
+                tracing::error!(%error, similar_failures_not_logged = skipped, "cannot connect to Redis");
+            } else {
+                tracing::warn!(%error, similar_failures_not_logged = skipped, "cannot connect to Redis; retrying");
+            }
+        }
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+    }
+}
+
+/// Connects one slot, backing off between failures, until it succeeds or the set is gone.
+async fn connect_slot(set: Weak<ConnectionSet>, index: usize) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let Some(set) = set.upgrade() else { return };
+        let attempt = tokio::time::timeout(set.connect_timeout, set.connect()).await;
+        let error = match attempt {
+            Ok(Ok(conn)) => {
+                let slot = &set.slots[index];
+                slot.live.store(Some(Arc::new(Live {
+                    conn,
+                    timeouts: AtomicU32::new(0),
+                    broken: AtomicBool::new(false),
+                })));
+                *set.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                slot.connecting.store(false, Ordering::Release);
+                set.connected.notify_waiters();
+                tracing::debug!(slot = index, "connected to Redis");
+                return;
+            }
+            Ok(Err(e)) => classify(&e),
+            Err(_) => StoreError::Unavailable(format!(
+                "connecting took longer than the connect timeout ({:?}): raise \
+                 --redis-connect-timeout if the network or TLS handshake is slow",
+                set.connect_timeout
+            )),
+        };
+        set.connect_failed(error);
+        drop(set);
+        // A little jitter so that replicas do not reconnect in lockstep after an outage.
+        let jitter = Duration::from_millis(u64::from(std::process::id() % 50));
+        tokio::time::sleep(backoff + jitter).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+#[derive(Clone)]
 pub enum Backend {
-    Pool(bb8::Pool<Manager>),
+    Pool(Arc<ConnectionSet>),
     Cluster(ClusterConnection),
 }
 
 impl Backend {
-    /// Builds the connection machinery without connecting: Portcullis starts (and answers by its
-    /// failure mode) while Redis is still away, and connects in the background.
-    pub fn new(config: &RedisConfig) -> Result<Backend, RedisError> {
+    /// Builds the connection machinery; connections are made in the background, so Portcullis
+    /// starts (and answers by its failure mode) while Redis is still away.
+    pub fn new(config: &RedisConfig, metrics: Arc<Metrics>) -> Result<Backend, RedisError> {
         let tls_mode = config.tls.then_some(TlsMode::Secure);
-        let certs = || {
-            config.ca_pem.clone().map(|pem| TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem),
-            })
-        };
         match &config.topology {
             Topology::Standalone(url) => {
                 let mut info = url.as_str().into_connection_info()?;
@@ -202,24 +407,33 @@ impl Backend {
                 if let Some(password) = &config.password {
                     redis_info = redis_info.set_password(password);
                 }
-                let info = info.set_redis_settings(redis_info);
-                let client = match certs() {
+                let info = info
+                    .set_redis_settings(redis_info)
+                    .set_tcp_settings(tcp_settings());
+                let client = match certificates(&config.ca_pem) {
                     Some(certs) => redis::Client::build_with_tls(info, certs)?,
                     None => redis::Client::open(info)?,
                 };
-                Ok(Backend::Pool(Self::pool(Target::Direct(client), config)))
+                Ok(Backend::Pool(ConnectionSet::new(
+                    Target::Direct(client),
+                    config,
+                    metrics,
+                )))
             }
             Topology::Sentinel { sentinels, master } => {
+                let sentinel = &config.sentinel;
                 let addrs = sentinels
                     .iter()
-                    .map(|s| split_host_port(s).map(|(h, p)| address(h, p, config.tls)))
+                    .map(|s| split_host_port(s).map(|(h, p)| address(h, p, sentinel.tls)))
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut builder =
-                    SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?;
+                    SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?
+                        .set_client_to_redis_tcp_settings(tcp_settings())
+                        .set_client_to_sentinel_tcp_settings(tcp_settings());
                 if let Some(mode) = tls_mode {
                     builder = builder.set_client_to_redis_tls_mode(mode);
                 }
-                if let Some(certs) = certs() {
+                if let Some(certs) = certificates(&config.ca_pem) {
                     builder = builder.set_client_to_redis_certificates(certs);
                 }
                 if let Some(user) = &config.username {
@@ -228,10 +442,23 @@ impl Backend {
                 if let Some(password) = &config.password {
                     builder = builder.set_client_to_redis_password(password);
                 }
-                let sentinel = builder.build()?;
-                Ok(Backend::Pool(Self::pool(
-                    Target::Sentinel(tokio::sync::Mutex::new(sentinel)),
+                if sentinel.tls {
+                    builder = builder.set_client_to_sentinel_tls_mode(TlsMode::Secure);
+                }
+                if let Some(certs) = certificates(&sentinel.ca_pem) {
+                    builder = builder.set_client_to_sentinel_certificates(certs);
+                }
+                if let Some(user) = &sentinel.username {
+                    builder = builder.set_client_to_sentinel_username(user);
+                }
+                if let Some(password) = &sentinel.password {
+                    builder = builder.set_client_to_sentinel_password(password);
+                }
+                let client = builder.build()?;
+                Ok(Backend::Pool(ConnectionSet::new(
+                    Target::Sentinel(tokio::sync::Mutex::new(client)),
                     config,
+                    metrics,
                 )))
             }
             Topology::Cluster(nodes) => {
@@ -241,20 +468,20 @@ impl Backend {
                     .collect::<Result<Vec<_>, _>>()?;
                 let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
                     .use_protocol(ProtocolVersion::RESP3)
-                    .connection_timeout(config.timeout)
-                    .response_timeout(config.timeout)
-                    // Each attempt is bounded by `timeout`; the whole call (retries, MOVED, ASK) too:
-                    // the store deadline above us answers by the failure mode after that.
-                    .overall_response_timeout(Some(config.timeout * 4))
-                    // redis-rs' default backoff sleeps seconds; a rate-limit call has milliseconds.
-                    .retries(3)
-                    .min_retry_wait(2)
-                    .max_retry_wait(25)
-                    .retry_wait_formula(2, 2);
+                    .tcp_settings(tcp_settings())
+                    .connection_timeout(config.connect_timeout)
+                    // Each call carries its own deadline (the store applies it per check); these
+                    // only bound what no deadline covers, such as slot refreshes.
+                    .response_timeout(config.connect_timeout)
+                    .overall_response_timeout(Some(config.connect_timeout * 2))
+                    // No retries by the client: it would re-send a script after an I/O error,
+                    // when the script may have run (a double charge). The store retries only
+                    // where the script cannot have run: MOVED, ASK, TRYAGAIN, refused connects.
+                    .retries(0);
                 if let Some(mode) = tls_mode {
                     builder = builder.tls(mode);
                 }
-                if let Some(certs) = certs() {
+                if let Some(certs) = certificates(&config.ca_pem) {
                     builder = builder.certs(certs);
                 }
                 if let Some(user) = &config.username {
@@ -265,53 +492,14 @@ impl Backend {
                 }
                 let client = builder.build()?;
                 let cluster_config = redis::cluster::ClusterConfig::new()
-                    .set_connection_timeout(config.timeout)
-                    .set_response_timeout(config.timeout);
+                    .set_connection_timeout(config.connect_timeout)
+                    .set_response_timeout(config.connect_timeout);
                 Ok(Backend::Cluster(
                     client.get_pending_async_connection_with_config(cluster_config),
                 ))
             }
         }
     }
-
-    fn pool(target: Target, config: &RedisConfig) -> bb8::Pool<Manager> {
-        let manager = Manager {
-            target,
-            config: connection_config(config.timeout),
-        };
-        bb8::Pool::builder()
-            .max_size(config.pool_size.max(1))
-            .min_idle(Some(config.pool_size.max(1)))
-            // One round trip per call: no PING on checkout; broken connections are flagged instead.
-            .test_on_check_out(false)
-            .connection_timeout(config.timeout)
-            .retry_connection(false)
-            .reaper_rate(Duration::from_secs(5))
-            // Connections are handed back at once (see `checkout`): rotate through all of them.
-            .queue_strategy(bb8::QueueStrategy::Fifo)
-            .build_unchecked(manager)
-    }
-}
-
-/// A multiplexed connection to use, and the flag that retires it from the pool when it fails.
-///
-/// Why the pooled connection goes straight back: a multiplexed connection carries many requests
-/// at once, but a bb8 checkout is exclusive, so holding it for the call would allow only
-/// `pool_size` requests in flight and queue the rest (missing the deadline under load).
-pub async fn checkout(
-    pool: &bb8::Pool<Manager>,
-) -> Result<(MultiplexedConnection, Arc<AtomicBool>), bb8::RunError<RedisError>> {
-    let attempts = pool.state().connections as usize + 1;
-    for _ in 0..attempts {
-        let pooled = pool.get().await?;
-        if pooled.broken.load(Ordering::Relaxed) {
-            // Dropping it returns it, and bb8 discards it as broken; try the next one.
-            continue;
-        }
-        return Ok((pooled.conn.clone(), pooled.broken.clone()));
-    }
-    let pooled = pool.get().await?;
-    Ok((pooled.conn.clone(), pooled.broken.clone()))
 }
 
 #[cfg(test)]
@@ -326,11 +514,16 @@ mod tests {
             ca_pem: None,
             username: Some("user".into()),
             password: Some("hunter2".into()),
+            sentinel: SentinelAuth {
+                password: Some("sentinel-secret".into()),
+                ..Default::default()
+            },
             pool_size: 1,
-            timeout: Duration::from_millis(5),
+            connect_timeout: Duration::from_secs(2),
         };
         let shown = format!("{config:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("sentinel-secret"), "{shown}");
         assert!(
             shown.contains("redis://user:<redacted>@127.0.0.1:6379"),
             "{shown}"

@@ -1,46 +1,144 @@
 //! The Redis store: every replica of Portcullis, and every gateway behind them, shares one budget
-//! per descriptor. One Lua script call decides each check atomically on the server, reading Redis
+//! per descriptor. One Lua script call decides checks atomically on the server, reading Redis
 //! `TIME` (never the host clock: replicas drift).
 //!
 //! Standalone and Sentinel: all checks of a call go in one script call (one round trip).
 //! Cluster: each check's key carries its own hash tag, so checks go out as concurrent script calls,
-//! each routed to its key's node.
+//! each routed to its key's node and bounded by the deadline on its own: a slow node fails only
+//! its own checks. A script is sent again only where it cannot have run (MOVED, ASK, TRYAGAIN and
+//! the like, a connection refused); after an I/O error it may have run, and re-sending it would
+//! charge twice. Errors are classified (`classify`) so that the operator reads what is wrong.
 
 pub mod connection;
 pub mod script;
 
-use futures_util::future::try_join_all;
-use redis::{RedisError, Value};
+use std::sync::Arc;
+use std::time::Duration;
 
-pub use connection::{RedisConfig, Topology, redact_url};
+use futures_util::future::join_all;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use tokio::time::Instant;
+
+pub use connection::{RedisConfig, SentinelAuth, Topology, redact_url};
 pub use script::ScriptClock;
 
-use self::connection::{Backend, breaks_connection};
-use super::{PingFuture, Store, StoreError, StoreFuture};
-use crate::algorithm::{Check, Decision, zero_limit_decision};
+use self::connection::Backend;
+use super::{Answers, PingFuture, Store, StoreError, StoreFuture};
+use crate::algorithm::{Check, zero_limit_decision};
+use crate::telemetry::Metrics;
 
+/// Attempts of one check on Cluster (the first and the re-sends where the script did not run).
+const CLUSTER_ATTEMPTS: u32 = 4;
+
+/// Cheap to clone: the connections are shared.
+#[derive(Clone)]
 pub struct RedisStore {
     backend: Backend,
     prefix: String,
 }
 
-fn unavailable(context: &str, error: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("{context}: {error}"))
-}
-
-fn store_error(error: RedisError) -> StoreError {
-    if breaks_connection(&error) || error.is_cluster_error() || error.is_timeout() {
-        unavailable("redis", error)
-    } else {
-        StoreError::Protocol(format!("redis: {error}"))
+/// What a Redis error means for the operator.
+pub fn classify(error: &RedisError) -> StoreError {
+    let text = error.to_string();
+    let code = error.code().unwrap_or("");
+    match error.kind() {
+        ErrorKind::AuthenticationFailed => {
+            StoreError::Permanent(format!("authentication failed: {text}"))
+        }
+        ErrorKind::Server(ServerErrorKind::NoPerm) => StoreError::Permanent(format!(
+            "the Redis user lacks a permission Portcullis needs (EVALSHA, EVAL, TIME, the keys \
+             under the prefix): {text}"
+        )),
+        ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::Permanent(format!(
+            "keys of one script call are in different slots: {text}"
+        )),
+        ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported => {
+            StoreError::Permanent(format!("the Redis settings cannot work: {text}"))
+        }
+        ErrorKind::Server(
+            ServerErrorKind::ReadOnly
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        ) => StoreError::Unavailable(text),
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Protocol(text),
+        _ if matches!(code, "WRONGPASS" | "NOAUTH") => {
+            StoreError::Permanent(format!("authentication failed: {text}"))
+        }
+        _ if code == "NOPERM" => StoreError::Permanent(format!("permission denied: {text}")),
+        _ if code == "OOM" => StoreError::Unavailable(format!(
+            "Redis is out of memory (maxmemory reached, no key can be evicted): {text}"
+        )),
+        _ if text.contains("unknown command") => StoreError::Permanent(format!(
+            "this Redis does not know a command Portcullis needs (too old, or the command is \
+             renamed): {text}"
+        )),
+        _ if is_certificate_error(&text) => StoreError::Permanent(format!(
+            "TLS certificate not accepted (check --redis-ca-file and the server's name): {text}"
+        )),
+        ErrorKind::Server(_) => StoreError::Protocol(text),
+        _ => StoreError::Unavailable(text),
     }
 }
 
+fn is_certificate_error(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    lower.contains("certificate") || lower.contains("unknownissuer")
+}
+
+/// Whether a failed attempt certainly did not run the script (so sending it again is safe).
+fn did_not_run(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                // On a demoted master the script stops at its first write: nothing written.
+                | ServerErrorKind::ReadOnly
+        ) | ErrorKind::ClusterConnectionNotFound
+    ) || error.is_connection_refusal()
+}
+
+/// Where to send a script on Cluster: by its key's slot, or to the node a redirection named.
+#[derive(Debug, Clone)]
+enum Route {
+    BySlot,
+    Moved(String, u16),
+    Ask(String, u16),
+}
+
+fn redirect(error: &RedisError) -> Option<Route> {
+    let (node, _slot) = error.redirect_node()?;
+    let (host, port) = node.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::Moved) => Some(Route::Moved(host.to_owned(), port)),
+        ErrorKind::Server(ServerErrorKind::Ask) => Some(Route::Ask(host.to_owned(), port)),
+        _ => None,
+    }
+}
+
+fn is_noscript(error: &RedisError) -> bool {
+    matches!(error.kind(), ErrorKind::Server(ServerErrorKind::NoScript))
+}
+
 impl RedisStore {
-    /// Builds the store without connecting (see `Backend::new`).
-    pub fn new(config: &RedisConfig, key_prefix: &str) -> Result<RedisStore, StoreError> {
-        let backend = Backend::new(config)
-            .map_err(|e| StoreError::Protocol(format!("redis configuration: {e}")))?;
+    /// Builds the store; it connects in the background (see `connection`).
+    pub fn new(
+        config: &RedisConfig,
+        key_prefix: &str,
+        metrics: Arc<Metrics>,
+    ) -> Result<RedisStore, StoreError> {
+        let backend = Backend::new(config, metrics)
+            .map_err(|e| StoreError::Permanent(format!("the Redis settings cannot work: {e}")))?;
         Ok(RedisStore {
             backend,
             prefix: key_prefix.to_owned(),
@@ -58,129 +156,314 @@ impl RedisStore {
         &self,
         checks: &[Check],
         clock: ScriptClock,
-    ) -> Result<Vec<Decision>, StoreError> {
+        deadline: Instant,
+    ) -> Answers {
+        let budget = deadline.saturating_duration_since(Instant::now());
         // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis.
         let counted: Vec<&Check> = checks.iter().filter(|c| c.limit.requests > 0).collect();
-        let mut replies = match &self.backend {
-            Backend::Pool(pool) => self.eval_pooled(pool, &counted, clock).await?,
+        let mut replies: Vec<Result<Value, StoreError>> = match &self.backend {
+            Backend::Pool(set) => {
+                self.eval_pooled(set, &counted, clock, deadline, budget)
+                    .await
+            }
             Backend::Cluster(cluster) => {
                 let calls = counted.iter().map(|check| {
                     let mut conn = cluster.clone();
                     async move {
-                        self.eval(&mut conn, &[check], clock)
-                            .await
-                            .map_err(store_error)
+                        match tokio::time::timeout_at(
+                            deadline,
+                            self.eval_cluster(&mut conn, check, clock),
+                        )
+                        .await
+                        {
+                            Ok(Ok(mut values)) => values.pop().ok_or_else(|| {
+                                StoreError::Protocol("script answered no result".into())
+                            }),
+                            Ok(Err(e)) => Err(classify(&e)),
+                            Err(_) => Err(StoreError::Timeout(budget)),
+                        }
                     }
                 });
-                try_join_all(calls).await?.into_iter().flatten().collect()
+                join_all(calls).await
             }
-        }
-        .into_iter();
+        };
+        replies.reverse();
         checks
             .iter()
             .map(|check| {
                 if check.limit.requests == 0 {
                     return Ok(zero_limit_decision(check.hits));
                 }
-                let reply = replies.next().ok_or_else(|| {
+                let reply = replies.pop().ok_or_else(|| {
                     StoreError::Protocol("script answered fewer results than keys".into())
-                })?;
+                })??;
                 script::decision(check, &reply)
             })
             .collect()
     }
 
+    /// Standalone and Sentinel: one script call for every check, on one live connection.
     async fn eval_pooled(
         &self,
-        pool: &bb8::Pool<connection::Manager>,
+        set: &Arc<connection::ConnectionSet>,
         checks: &[&Check],
         clock: ScriptClock,
-    ) -> Result<Vec<Value>, StoreError> {
+        deadline: Instant,
+        budget: Duration,
+    ) -> Vec<Result<Value, StoreError>> {
         if checks.is_empty() {
-            return Ok(Vec::new());
+            return Vec::new();
         }
-        let (mut conn, broken) = connection::checkout(pool)
-            .await
-            .map_err(|e| unavailable("redis connection", e))?;
-        let result = self.eval(&mut conn, checks, clock).await;
-        if let Err(e) = &result
-            && breaks_connection(e)
-        {
-            // Let bb8 replace the connection rather than hand it out again.
-            broken.store(true, std::sync::atomic::Ordering::Relaxed);
+        let live = match set.get_or_wait(deadline).await {
+            Ok(live) => live,
+            Err(e) => return vec![Err(e); checks.len()],
+        };
+        let mut conn = live.conn.clone();
+        let (keys, args) = self.encode(checks, clock);
+        let called =
+            tokio::time::timeout_at(deadline, eval(&mut conn, &keys, &args, &Route::BySlot)).await;
+        match called {
+            Ok(Ok(values)) if values.len() == checks.len() => {
+                live.succeeded();
+                values.into_iter().map(Ok).collect()
+            }
+            Ok(Ok(values)) => vec![
+                Err(StoreError::Protocol(format!(
+                    "script answered {} results for {} keys",
+                    values.len(),
+                    checks.len()
+                )));
+                checks.len()
+            ],
+            Ok(Err(e)) => {
+                live.failed(&e);
+                vec![Err(classify(&e)); checks.len()]
+            }
+            Err(_) => {
+                live.timed_out();
+                vec![Err(StoreError::Timeout(budget)); checks.len()]
+            }
         }
-        result.map_err(store_error)
     }
 
-    /// EVALSHA, and EVAL on NOSCRIPT (a restarted or promoted node has an empty script cache;
-    /// EVAL loads it there). Not redis-rs' `Script::invoke_async`, which on NOSCRIPT in Cluster
-    /// mode loads the script on every node and fails when any node is down.
-    async fn eval<C: redis::aio::ConnectionLike>(
+    /// Cluster: one check, re-sent only where the script cannot have run.
+    async fn eval_cluster(
         &self,
-        conn: &mut C,
-        checks: &[&Check],
+        conn: &mut redis::cluster_async::ClusterConnection,
+        check: &Check,
         clock: ScriptClock,
     ) -> Result<Vec<Value>, RedisError> {
+        let (keys, args) = self.encode(&[check], clock);
+        let mut route = Route::BySlot;
+        let mut attempt = 1;
+        loop {
+            match eval(conn, &keys, &args, &route).await {
+                Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
+                    tracing::debug!(error = %e, attempt, "script did not run: sending it again");
+                    route = match redirect(&e) {
+                        Some(to) => to,
+                        None => {
+                            // TRYAGAIN, a failover in progress, a node not yet connected.
+                            tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+                            Route::BySlot
+                        }
+                    };
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn encode(&self, checks: &[&Check], clock: ScriptClock) -> (Vec<String>, Vec<i64>) {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
         let mut args: Vec<i64> = Vec::with_capacity(1 + checks.len() * script::ARGS_PER_KEY);
         args.push(i64::try_from(clock.arg()).unwrap_or(i64::MAX));
         for check in checks {
             script::push_args(check, &mut args);
         }
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha
-            .arg(script::SHA.as_str())
-            .arg(keys.len())
-            .arg(&keys)
-            .arg(&args);
-        match evalsha.query_async::<Vec<Value>>(conn).await {
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-                ) =>
-            {
-                tracing::debug!("script not cached on the node: sending it with EVAL");
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(script::SOURCE)
-                    .arg(keys.len())
-                    .arg(&keys)
-                    .arg(&args);
-                eval.query_async(conn).await
+        (keys, args)
+    }
+
+    /// Waits up to `timeout` for Redis to be usable and says what it is (version), or why not;
+    /// loads the script on the way (NOPERM for scripting shows here). For the start-up log.
+    pub async fn probe(&self, timeout: Duration) -> Result<String, StoreError> {
+        let deadline = Instant::now() + timeout;
+        let info: Result<String, StoreError> = match &self.backend {
+            Backend::Pool(set) => {
+                // The first connect happens in the background: wait for it, or its failure.
+                loop {
+                    if set.any_live() {
+                        break;
+                    }
+                    if let Some(e) = set.last_error().filter(|e| e.is_permanent()) {
+                        return Err(e);
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(set.last_error().unwrap_or(StoreError::Timeout(timeout)));
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let mut conn = set.get()?.conn.clone();
+                probe_node(&mut conn, deadline, timeout).await
             }
-            other => other,
+            Backend::Cluster(cluster) => {
+                let mut conn = cluster.clone();
+                probe_node(&mut conn, deadline, timeout).await
+            }
+        };
+        info
+    }
+}
+
+/// `INFO server` and `SCRIPT LOAD` on one node: its version, and whether scripts may run.
+async fn probe_node<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<String, StoreError> {
+    let work = async {
+        let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("unknown")
+            .trim()
+            .to_owned();
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script::SOURCE)
+            .query_async::<String>(conn)
+            .await?;
+        Ok::<_, RedisError>(version)
+    };
+    let version = match tokio::time::timeout_at(deadline, work).await {
+        Ok(Ok(version)) => version,
+        Ok(Err(e)) => return Err(classify(&e)),
+        Err(_) => return Err(StoreError::Timeout(timeout)),
+    };
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if major < 6 {
+        return Err(StoreError::Permanent(format!(
+            "Redis {version} is too old: Portcullis needs 6.0 or later"
+        )));
+    }
+    Ok(format!("Redis {version}, decision script loaded"))
+}
+
+/// EVALSHA, and EVAL on NOSCRIPT (a restarted or promoted node has an empty script cache; EVAL
+/// loads it there), sent by slot or to the node a redirection named (with ASKING for ASK). Not
+/// redis-rs' `Script::invoke_async`, which on NOSCRIPT in Cluster mode loads the script on every
+/// node and fails when any node is down.
+async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
+    conn: &mut C,
+    keys: &[String],
+    args: &[i64],
+    route: &Route,
+) -> Result<Vec<Value>, RedisError> {
+    let build = |verb: &str, body: &str| {
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    };
+    match conn
+        .send_routed(build("EVALSHA", script::SHA.as_str()), route)
+        .await
+    {
+        Err(e) if is_noscript(&e) => {
+            tracing::debug!("script not cached on the node: sending it with EVAL");
+            conn.send_routed(build("EVAL", script::SOURCE), route).await
         }
+        other => other,
+    }
+}
+
+/// Sending a command by slot, or to a named node on Cluster.
+trait RoutedConn {
+    async fn send_routed(
+        &mut self,
+        cmd: redis::Cmd,
+        route: &Route,
+    ) -> Result<Vec<Value>, RedisError>;
+}
+
+impl RoutedConn for redis::aio::MultiplexedConnection {
+    async fn send_routed(
+        &mut self,
+        cmd: redis::Cmd,
+        _route: &Route,
+    ) -> Result<Vec<Value>, RedisError> {
+        cmd.query_async(self).await
+    }
+}
+
+impl RoutedConn for redis::cluster_async::ClusterConnection {
+    async fn send_routed(
+        &mut self,
+        cmd: redis::Cmd,
+        route: &Route,
+    ) -> Result<Vec<Value>, RedisError> {
+        let values = match route {
+            Route::BySlot => return cmd.query_async(self).await,
+            Route::Moved(host, port) => {
+                let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                self.route_command(cmd, to).await?
+            }
+            Route::Ask(host, port) => {
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING").add_command(cmd);
+                let to = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                let mut replies = self.route_pipeline(pipe, 1, 1, to).await?;
+                replies.pop().unwrap_or(Value::Nil)
+            }
+        };
+        redis::from_redis_value(values).map_err(RedisError::from)
     }
 }
 
 impl Store for RedisStore {
-    fn check<'a>(&'a self, checks: &'a [Check]) -> StoreFuture<'a> {
-        Box::pin(self.check_with_clock(checks, ScriptClock::RedisTime))
+    fn check<'a>(&'a self, checks: &'a [Check], deadline: Instant) -> StoreFuture<'a> {
+        Box::pin(self.check_with_clock(checks, ScriptClock::RedisTime, deadline))
     }
 
     fn name(&self) -> &'static str {
         "redis"
     }
 
-    fn ping(&self) -> PingFuture<'_> {
+    fn ping(&self, deadline: Instant) -> PingFuture<'_> {
         Box::pin(async move {
-            match &self.backend {
-                Backend::Pool(pool) => {
-                    let (mut conn, _) = connection::checkout(pool)
-                        .await
-                        .map_err(|e| unavailable("redis connection", e))?;
-                    redis::cmd("PING")
-                        .query_async::<()>(&mut conn)
-                        .await
-                        .map_err(store_error)
+            let budget = deadline.saturating_duration_since(Instant::now());
+            let pinged = match &self.backend {
+                Backend::Pool(set) => {
+                    let mut conn = set.get_or_wait(deadline).await?.conn.clone();
+                    tokio::time::timeout_at(
+                        deadline,
+                        redis::cmd("PING").query_async::<()>(&mut conn),
+                    )
+                    .await
                 }
                 Backend::Cluster(cluster) => {
                     let mut conn = cluster.clone();
-                    redis::cmd("PING")
-                        .query_async::<()>(&mut conn)
-                        .await
-                        .map_err(store_error)
+                    tokio::time::timeout_at(
+                        deadline,
+                        redis::cmd("PING").query_async::<()>(&mut conn),
+                    )
+                    .await
                 }
+            };
+            match pinged {
+                Ok(result) => result.map_err(|e| classify(&e)),
+                Err(_) => Err(StoreError::Timeout(budget)),
             }
         })
     }
