@@ -98,6 +98,7 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
 }
 
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod tls;
 

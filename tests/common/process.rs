@@ -13,6 +13,8 @@ pub struct ServeProcess {
     pub child: Child,
     pub grpc_port: u16,
     pub admin_port: u16,
+    /// Its standard error: the log.
+    log: tempfile::NamedTempFile,
 }
 
 impl ServeProcess {
@@ -25,6 +27,7 @@ impl ServeProcess {
         wrapper: &[&str],
     ) -> ServeProcess {
         let (grpc_port, admin_port) = (free_port(), free_port());
+        let log = tempfile::NamedTempFile::new().expect("log file");
         let bin = env!("CARGO_BIN_EXE_portcullis");
         let mut cmd = match wrapper.split_first() {
             Some((program, wrapper_args)) => {
@@ -42,16 +45,22 @@ impl ServeProcess {
             .args(args)
             .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(log.reopen().expect("log file"));
         let process = ServeProcess {
             child: cmd.spawn().expect("start portcullis"),
             grpc_port,
             admin_port,
+            log,
         };
         wait_until("portcullis to listen", Duration::from_secs(20), || {
             std::net::TcpStream::connect(("127.0.0.1", grpc_port)).is_ok()
         });
         process
+    }
+
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
 
     pub fn grpc_url(&self) -> String {

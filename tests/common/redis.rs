@@ -92,6 +92,25 @@ impl RedisServer {
         server
     }
 
+    /// A redis-server (a sentinel, say) started from a config file, listening on `port` (which
+    /// the config sets); killed when dropped. It is not waited for: it may speak TLS only.
+    pub fn spawn_config(conf: &Path, extra: &[&str], port: u16, dir: PathBuf) -> RedisServer {
+        require_redis();
+        let child = Command::new("redis-server")
+            .arg(conf)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        RedisServer {
+            port,
+            child: Some(child),
+            dir,
+            extra: Vec::new(),
+        }
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -120,7 +139,11 @@ impl RedisServer {
         wait_until(
             "redis-server to answer PING",
             Duration::from_secs(10),
-            || cli(port, &["PING"]) == "PONG",
+            || {
+                // With a password set, an answer asking for it is as good as PONG.
+                let answer = cli(port, &["PING"]);
+                answer == "PONG" || answer.contains("NOAUTH")
+            },
         );
     }
 

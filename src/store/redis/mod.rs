@@ -468,3 +468,47 @@ impl Store for RedisStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: &str, detail: &str) -> RedisError {
+        let kind = match code {
+            "MOVED" => ServerErrorKind::Moved,
+            "ASK" => ServerErrorKind::Ask,
+            "TRYAGAIN" => ServerErrorKind::TryAgain,
+            "NOPERM" => ServerErrorKind::NoPerm,
+            "CROSSSLOT" => ServerErrorKind::CrossSlot,
+            _ => ServerErrorKind::ResponseError,
+        };
+        RedisError::from((ErrorKind::Server(kind), "server", detail.to_owned()))
+    }
+
+    #[test]
+    fn a_script_is_sent_again_only_where_it_cannot_have_run() {
+        assert!(did_not_run(&server_error("MOVED", "3999 127.0.0.1:7001")));
+        assert!(did_not_run(&server_error("ASK", "3999 127.0.0.1:7001")));
+        assert!(did_not_run(&server_error(
+            "TRYAGAIN",
+            "multi-key during resharding"
+        )));
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(did_not_run(&refused));
+        // Sent, then the connection failed: the script may have run; never sent twice.
+        let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(!did_not_run(&reset));
+        let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(!did_not_run(&timed_out));
+    }
+
+    #[test]
+    fn errors_that_waiting_cannot_heal_are_permanent() {
+        assert!(classify(&server_error("NOPERM", "no permission")).is_permanent());
+        assert!(classify(&server_error("CROSSSLOT", "keys in different slots")).is_permanent());
+        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "auth", "WRONGPASS".into()));
+        assert!(classify(&auth).is_permanent());
+        let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(classify(&reset).kind(), "unavailable");
+    }
+}

@@ -1,0 +1,473 @@
+//! Redis connections as production sees them: a slow TLS or cross-zone handshake, one slow reply,
+//! a wrong password, sockets' options, sentinels with credentials and TLS of their own, and a slow
+//! Cluster node. Every test starts its own `redis-server` processes on loopback.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::process::ServeProcess;
+use common::proxy::Proxy;
+use common::redis::{RedisCluster, RedisServer, cli, free_port, require_redis, wait_until};
+use common::{TestServer, request};
+use portcullis::limiter::FailureMode;
+use portcullis::pb::rate_limit_response::Code;
+use portcullis::settings::{Secret, StoreKind};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+const RULES: &str = r#"
+domain: c
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 5}
+"#;
+
+fn key(value: &str) -> String {
+    format!("portcullis:{{c|k={value}}}:sw:3600000000us")
+}
+
+/// Whether Redis (not the failure mode) decided a call: its counter exists on `port`.
+fn counted(port: u16, value: &str) -> bool {
+    cli(port, &["EXISTS", &key(value)]) == "1"
+}
+
+async fn http_get(port: u16, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let status = raw[9..12].parse().expect("status");
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_slower_than_the_call_deadline_still_connects() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port).await;
+    // Every connection takes 150 ms to set up (a TLS or cross-zone handshake); a call may take
+    // 20 ms. Connecting is bounded by --redis-connect-timeout (2 s), not by the call deadline.
+    proxy.delay_setup(Duration::from_millis(150));
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let server = TestServer::start_with(&[("c.yaml", RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url);
+        s.store_timeout = Duration::from_millis(20);
+        s.failure_mode = FailureMode::Allow;
+    })
+    .await;
+    let start = Instant::now();
+    let mut n = 0;
+    loop {
+        let value = format!("slow-{n}");
+        server.ok(request("c", &[&[("k", &value)]])).await;
+        if counted(redis.port, &value) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "never connected through a 150 ms handshake"
+        );
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Once connected, calls are decided by Redis within their 20 ms.
+    let r = server.ok(request("c", &[&[("k", "after")]])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    assert!(counted(redis.port, "after"));
+    server.stop().await;
+}
+
+fn connections_received(port: u16) -> u64 {
+    cli(port, &["INFO", "stats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .expect("INFO stats")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_reply_does_not_throw_away_a_healthy_connection() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = TestServer::start_with(&[("c.yaml", RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url);
+        s.redis_pool_size = 1;
+        s.store_timeout = Duration::from_millis(50);
+        s.deny_cache = false;
+    })
+    .await;
+    let r = server.ok(request("c", &[&[("k", "warm")]])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    let before = connections_received(redis.port);
+    // Redis stalls for 300 ms: the two calls meanwhile miss their 50 ms deadline.
+    cli(redis.port, &["CLIENT", "PAUSE", "300"]);
+    for value in ["stalled-1", "stalled-2"] {
+        let r = server.ok(request("c", &[&[("k", value)]])).await;
+        assert_eq!(
+            r.statuses[0].limit_remaining, 5,
+            "answered by the failure mode"
+        );
+    }
+    let start = Instant::now();
+    while !counted(redis.port, "stalled-2") && start.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Redis is back: the same connection decides again, no new one was opened (redis-cli's
+    // own connections are the only new ones: one per command above).
+    let r = server.ok(request("c", &[&[("k", "warm")]])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 3);
+    let cli_connections = 2 + (start.elapsed().as_millis() / 20 + 1) as u64;
+    let opened = connections_received(redis.port) - before;
+    assert!(
+        opened <= cli_connections,
+        "{opened} connections opened; redis-cli accounts for at most {cli_connections}"
+    );
+    let clients = cli(redis.port, &["CLIENT", "LIST"]);
+    let ours = clients
+        .lines()
+        .filter(|l| !l.contains("cmd=client"))
+        .count();
+    assert_eq!(ours, 1, "one connection, kept: {clients}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_said_in_words_in_the_log_and_in_readyz() {
+    let redis = RedisServer::start_with(&["--requirepass", "right-horse-battery"]);
+    let rules = tempfile::tempdir().unwrap();
+    std::fs::write(rules.path().join("c.yaml"), RULES).unwrap();
+    let url = redis.url();
+    let args = ["--store", "redis", "--redis-url", &url];
+    let envs = [("PORTCULLIS_REDIS_PASSWORD", "wrong-staple-4711".to_owned())];
+    let server = ServeProcess::spawn(rules.path(), &args, &envs, &[]);
+    let start = Instant::now();
+    let body = loop {
+        let (status, body) = http_get(server.admin_port, "/readyz").await;
+        if status == 503 {
+            break body;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still ready with a wrong password: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(body.contains("authentication failed"), "{body}");
+    assert!(body.contains("waiting will not help"), "{body}");
+    // Calls are answered by the failure mode (allow), and counted as permanent errors.
+    let mut client = portcullis::pb::RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .unwrap();
+    let r = client
+        .should_rate_limit(request("c", &[&[("k", "x")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, OK);
+    let (_, metrics) = http_get(server.admin_port, "/metrics").await;
+    assert!(
+        metrics.contains(r#"portcullis_store_errors_total{kind="permanent"} 1"#),
+        "{metrics}"
+    );
+    let log = server.log();
+    assert!(log.contains("authentication failed"), "{log}");
+    assert!(log.contains("ERROR"), "said at error level: {log}");
+    assert!(
+        !log.contains("wrong-staple-4711"),
+        "the password is in the log: {log}"
+    );
+    assert!(
+        !body.contains("wrong-staple-4711"),
+        "the password is in /readyz"
+    );
+    drop(server);
+
+    // The operator may choose to stay ready (the failure mode answers meanwhile).
+    let args = [
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--ready-on-permanent-store-errors",
+    ];
+    let server = ServeProcess::spawn(rules.path(), &args, &envs, &[]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = http_get(server.admin_port, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("authentication failed"), "{body}");
+}
+
+/// (TCP_NODELAY, SO_KEEPALIVE) of each socket of this process connected to 127.0.0.1:`port`.
+fn socket_options_to(port: u16) -> Vec<(bool, bool)> {
+    let tcp = std::fs::read_to_string("/proc/self/net/tcp").expect("/proc/self/net/tcp");
+    let wanted = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // rem_address, st (01 = established), inode
+            (fields[2] == wanted && fields[3] == "01").then(|| fields[9].to_owned())
+        })
+        .collect();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(target) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        let target = target.display().to_string();
+        let Some(inode) = target
+            .strip_prefix("socket:[")
+            .and_then(|t| t.strip_suffix(']'))
+        else {
+            continue;
+        };
+        if !inodes.iter().any(|i| i == inode) {
+            continue;
+        }
+        let fd: i32 = entry.file_name().to_string_lossy().parse().unwrap();
+        let option = |level: i32, name: i32| {
+            let mut value: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `fd` is an open socket of this process (listed in /proc/self/fd) and the
+            // pointers are to locals of the sizes given.
+            let rc =
+                unsafe { libc::getsockopt(fd, level, name, (&raw mut value).cast(), &mut len) };
+            rc == 0 && value != 0
+        };
+        found.push((
+            option(libc::IPPROTO_TCP, libc::TCP_NODELAY),
+            option(libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+        ));
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_redis_socket_has_nodelay_and_keepalive() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let server = TestServer::start_with(&[("c.yaml", RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url);
+    })
+    .await;
+    server.ok(request("c", &[&[("k", "a")]])).await;
+    assert!(counted(redis.port, "a"));
+    let sockets = socket_options_to(redis.port);
+    assert!(!sockets.is_empty(), "no socket to Redis found");
+    assert!(
+        sockets
+            .iter()
+            .all(|&(nodelay, keepalive)| nodelay && keepalive),
+        "standalone: {sockets:?}"
+    );
+    server.stop().await;
+
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds();
+    let server = TestServer::start_with(&[("c.yaml", RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_cluster = seeds;
+    })
+    .await;
+    server.ok(request("c", &[&[("k", "b")]])).await;
+    let master = cluster.master_of(&key("b"));
+    assert!(counted(master, "b"));
+    let sockets = socket_options_to(master);
+    assert!(!sockets.is_empty(), "no socket to the cluster master found");
+    assert!(
+        sockets
+            .iter()
+            .all(|&(nodelay, keepalive)| nodelay && keepalive),
+        "cluster: {sockets:?}"
+    );
+    server.stop().await;
+}
+
+/// A TLS master (plain port for the test's own redis-cli) with a password, and one sentinel that
+/// only speaks TLS and has a password of its own.
+struct TlsSentinel {
+    master: RedisServer,
+    master_tls_port: u16,
+    sentinel: RedisServer,
+    sentinel_port: u16,
+    _certs: tempfile::TempDir,
+}
+
+fn tls_sentinel() -> TlsSentinel {
+    require_redis();
+    let certs = tempfile::tempdir().unwrap();
+    common::tls::make_ca(certs.path(), "ca");
+    common::tls::make_leaf(certs.path(), "ca", "server");
+    let path = |name: &str| certs.path().join(name).display().to_string();
+    let master_tls_port = free_port();
+    let master = RedisServer::start_with(&[
+        "--tls-port",
+        &master_tls_port.to_string(),
+        "--tls-cert-file",
+        &path("server.crt"),
+        "--tls-key-file",
+        &path("server.key"),
+        "--tls-ca-cert-file",
+        &path("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+        "--requirepass",
+        "data-pass",
+    ]);
+    let sentinel_port = free_port();
+    let dir = tempfile::tempdir().unwrap().keep();
+    let conf = dir.join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port 0\nbind 127.0.0.1\ndir {dir}\ntls-port {sentinel_port}\ntls-cert-file {cert}\n\
+             tls-key-file {key}\ntls-ca-cert-file {ca}\ntls-auth-clients no\ntls-replication yes\n\
+             requirepass sentinel-pass\n\
+             sentinel monitor mymaster 127.0.0.1 {master_tls_port} 1\n\
+             sentinel auth-pass mymaster data-pass\n",
+            dir = dir.display(),
+            cert = path("server.crt"),
+            key = path("server.key"),
+            ca = path("ca.crt"),
+        ),
+    )
+    .unwrap();
+    let sentinel = RedisServer::spawn_config(&conf, &["--sentinel"], sentinel_port, dir);
+    // The sentinel speaks TLS only: ask it through redis-cli's TLS options.
+    wait_until(
+        "the TLS sentinel to know the master",
+        Duration::from_secs(15),
+        || {
+            let out = std::process::Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &sentinel_port.to_string()])
+                .args(["--tls", "--cacert", &path("ca.crt"), "-a", "sentinel-pass"])
+                .args(["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"])
+                .stderr(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).contains(&master_tls_port.to_string())
+        },
+    );
+    TlsSentinel {
+        master,
+        master_tls_port,
+        sentinel,
+        sentinel_port,
+        _certs: certs,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_with_their_own_password_and_tls() {
+    let setup = tls_sentinel();
+    let certs = setup._certs.path().to_path_buf();
+    let sentinel = format!("127.0.0.1:{}", setup.sentinel_port);
+    let start = |sentinel_password: &'static str| {
+        let (certs, sentinel) = (certs.clone(), sentinel.clone());
+        TestServer::start_with(&[("c.yaml", RULES)], move |s| {
+            s.store = StoreKind::Redis;
+            s.redis_sentinel = vec![sentinel];
+            s.redis_master = Some("mymaster".into());
+            s.redis_tls = true;
+            s.redis_ca_file = Some(certs.join("ca.crt"));
+            s.redis_password = Some(Secret("data-pass".into()));
+            s.redis_sentinel_tls = true;
+            s.redis_sentinel_ca_file = Some(certs.join("ca.crt"));
+            s.redis_sentinel_password = Some(Secret(sentinel_password.into()));
+            s.failure_mode = FailureMode::Deny;
+        })
+    };
+    let server = start("sentinel-pass").await;
+    let r = server.ok(request("c", &[&[("k", "via-sentinel")]])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 4));
+    let master = setup.master.port;
+    assert_eq!(
+        cli(master, &["-a", "data-pass", "EXISTS", &key("via-sentinel")]),
+        "1"
+    );
+    server.stop().await;
+
+    // The sentinel's password is its own: a wrong one is refused, nothing is counted.
+    let server = start("data-pass").await;
+    let r = server.ok(request("c", &[&[("k", "wrong-sentinel")]])).await;
+    assert_eq!(r.overall_code, OVER, "answered by the failure mode (deny)");
+    assert_eq!(
+        cli(
+            master,
+            &["-a", "data-pass", "EXISTS", &key("wrong-sentinel")]
+        ),
+        "0"
+    );
+    server.stop().await;
+    let _ = (setup.master_tls_port, &setup.sentinel);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_cluster_node_fails_only_its_own_checks() {
+    let cluster = RedisCluster::start();
+    // Two descriptors whose keys live on different masters.
+    let values: Vec<String> = (0..200).map(|i| format!("v{i}")).collect();
+    let first = &values[0];
+    let first_master = cluster.master_of(&key(first));
+    let second = values
+        .iter()
+        .find(|v| cluster.master_of(&key(v)) != first_master)
+        .expect("a key on another master")
+        .clone();
+    let second_master = cluster.master_of(&key(&second));
+    let seeds = cluster.seeds();
+    let server = TestServer::start_with(&[("c.yaml", RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_cluster = seeds;
+        s.store_timeout = Duration::from_millis(300);
+        s.failure_mode = FailureMode::Deny;
+        s.deny_cache = false;
+    })
+    .await;
+    let both = request("c", &[&[("k", first)], &[("k", &second)]]);
+    let r = server.ok(both.clone()).await;
+    assert_eq!(
+        (r.statuses[0].limit_remaining, r.statuses[1].limit_remaining),
+        (4, 4)
+    );
+    // The first key's master stalls longer than the deadline.
+    cli(first_master, &["CLIENT", "PAUSE", "1000"]);
+    let started = Instant::now();
+    let r = server.ok(both).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "waited for the slow node"
+    );
+    assert_eq!(
+        r.statuses[0].code, OVER,
+        "the slow node's check: failure mode (deny)"
+    );
+    assert_eq!(
+        (r.statuses[1].code, r.statuses[1].limit_remaining),
+        (OK, 3),
+        "the healthy node's check is decided by Redis"
+    );
+    assert_eq!(
+        cli(second_master, &["HVALS", &key(&second)])
+            .lines()
+            .map(|v| v.parse::<u64>().unwrap())
+            .sum::<u64>(),
+        2
+    );
+    server.stop().await;
+}
