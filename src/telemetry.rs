@@ -52,8 +52,10 @@ pub fn init(level: &str, format: LogFormat, otlp_endpoint: Option<&str>) -> Tele
             .unwrap_or_else(|_| EnvFilter::new("info"))
     };
     let logs = match format {
+        // Colours only for a person at a terminal; log collectors get plain text.
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()

@@ -69,7 +69,7 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
     let store_name = state.limiter.store_name();
     match &store {
         Ok(()) => body.push_str(&format!("store: {store_name} ok\n")),
-        Err(e) => body.push_str(&format!("store: {store_name} {e}\n")),
+        Err(e) => body.push_str(&format!("store: {store_name} failing: {e}\n")),
     }
     if state.draining.load(Ordering::Relaxed) {
         body.push_str("draining: shutting down\n");
