@@ -240,8 +240,14 @@ async fn readiness_reports_an_unreachable_store_and_fails_only_when_asked_to() {
         })
         .await;
         let (status, body) = http(admin(&server), "GET", "/readyz", "").await;
-        assert!(body.contains("store: redis failing: store unavailable"), "{body}");
-        assert!(body.to_lowercase().contains("refused"), "the reason is given: {body}");
+        assert!(
+            body.contains("store: redis failing: store unavailable"),
+            "{body}"
+        );
+        assert!(
+            body.to_lowercase().contains("refused"),
+            "the reason is given: {body}"
+        );
         assert_eq!(status, if requires { 503 } else { 200 }, "{body}");
         // Liveness never depends on the store.
         assert_eq!(http(admin(&server), "GET", "/healthz", "").await.0, 200);

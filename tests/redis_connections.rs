@@ -471,3 +471,39 @@ async fn a_slow_cluster_node_fails_only_its_own_checks() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_reconnects_back_off_instead_of_following_every_call() {
+    let mut redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port).await;
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let server = TestServer::start_with(&[("c.yaml", RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url);
+        s.redis_pool_size = 2;
+        s.store_timeout = Duration::from_millis(20);
+    })
+    .await;
+    server.ok(request("c", &[&[("k", "up")]])).await;
+    assert!(counted(redis.port, "up"));
+    redis.kill();
+    let before = proxy.connections();
+    // Two seconds of steady traffic while Redis is away: 400 calls.
+    let start = Instant::now();
+    let mut calls = 0;
+    while start.elapsed() < Duration::from_secs(2) {
+        let r = server.ok(request("c", &[&[("k", "down")]])).await;
+        assert_eq!(r.overall_code, OK, "answered by the failure mode (allow)");
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let attempts = proxy.connections() - before;
+    // Two connections, each retried after 0.1, 0.2, 0.4, 0.8 s...: about ten attempts in 2 s,
+    // whatever the traffic.
+    assert!(calls > 100, "{calls} calls");
+    assert!(
+        attempts <= 16,
+        "{attempts} connection attempts for {calls} calls in 2 s"
+    );
+    server.stop().await;
+}
