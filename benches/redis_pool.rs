@@ -12,7 +12,7 @@ mod harness;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use portcullis::algorithm::{Algorithm, Check, Limit, key};
+use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::store::redis::{RedisConfig, Topology};
 use portcullis::store::{RedisStore, Store};
 
@@ -44,10 +44,17 @@ async fn calls_per_second(url: &str, pool_size: u32, calls_per_caller: usize) ->
         key: key::counter_key("bench", [("warm", "up")], &limit, None),
         limit,
         hits: 1,
+        refund: false,
     };
     let mut answered = 0;
     for _ in 0..500 {
-        let answers = store.check(std::slice::from_ref(&warm), deadline()).await;
+        let answers = store
+            .check(
+                std::slice::from_ref(&warm),
+                deadline(),
+                ChargeMode::EachAlone,
+            )
+            .await;
         if answers[0].is_ok() {
             answered += 1;
             if answered >= pool_size * 4 {
@@ -71,9 +78,16 @@ async fn calls_per_second(url: &str, pool_size: u32, calls_per_caller: usize) ->
                     key: key::counter_key("bench", [("caller", value.as_str())], &limit, None),
                     limit,
                     hits: 1,
+                    refund: false,
                 };
                 for _ in 0..calls_per_caller {
-                    let answers = store.check(std::slice::from_ref(&check), deadline()).await;
+                    let answers = store
+                        .check(
+                            std::slice::from_ref(&check),
+                            deadline(),
+                            ChargeMode::EachAlone,
+                        )
+                        .await;
                     answers[0].as_ref().expect("redis answers");
                 }
             })

@@ -1,24 +1,47 @@
--- fixed_window(key, now_us, window_us, limit, hits)
+-- fixed_window(key, now_us, window_us, limit, hits, commit)
 --
--- The state transition of limiter::fixed_window, on a hash {w = window index since the epoch,
+-- The state transition of algorithm::fixed_window, on a hash {w = window index since the epoch,
 -- c = hits admitted in it}. A window index below the stored one (the clock stepped back) keeps
--- counting in the stored window.
+-- counting in the stored window. With `commit` false nothing is written.
 --
 -- Returns {allowed (0|1), now_us, window, count} (the state after the check).
 -- TTL: until the window ends.
-local function fixed_window(key, now, window_us, limit, hits)
+local function fixed_load(key, now, window_us)
   local current = (now - math.fmod(now, window_us)) / window_us
   local stored = redis.call('HMGET', key, 'w', 'c')
   local window, count = tonumber(stored[1]) or 0, tonumber(stored[2]) or 0
   if current > window then window, count = current, 0 end
+  return window, count
+end
+
+local function fixed_store(key, now, window_us, window, count)
+  if count > 0 then
+    redis.call('HSET', key, 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
+    redis.call('PEXPIREAT', key, expire_at_ms(now, (window + 1) * window_us - now))
+  else
+    redis.call('DEL', key)
+  end
+end
+
+local function fixed_window(key, now, window_us, limit, hits, commit)
+  local window, count = fixed_load(key, now, window_us)
   if hits <= math.max(limit - count, 0) then
-    if hits > 0 then
+    if hits > 0 and commit then
       count = count + hits
-      redis.call('HSET', key, 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
-      local ttl_us = (window + 1) * window_us - now
-      redis.call('PEXPIREAT', key, expire_at_ms(now, ttl_us))
+      fixed_store(key, now, window_us, window, count)
     end
     return {1, now, window, count}
   end
   return {0, now, window, count}
+end
+
+-- fixed_refund(key, now_us, window_us, hits, commit): `hits` back to the current window's
+-- counter, never below zero (algorithm::fixed_window::refund). Always allowed.
+local function fixed_refund(key, now, window_us, hits, commit)
+  local window, count = fixed_load(key, now, window_us)
+  if count > 0 and commit then
+    count = math.max(count - hits, 0)
+    fixed_store(key, now, window_us, window, count)
+  end
+  return {1, now, window, count}
 end

@@ -1,4 +1,4 @@
--- token_bucket(key, now_us, requests, cost_q, cost_r, tolerance_q, tolerance_r)
+-- token_bucket(key, now_us, requests, cost_q, cost_r, tolerance_q, tolerance_r, commit)
 --
 -- The state transition of algorithm::token_bucket (GCRA), on a hash {t = TAT whole microseconds,
 -- f = fraction in units of 1/r us, r = the requests f is counted in}. Rust splits the cost
@@ -6,14 +6,28 @@
 -- remainder with 128-bit integers, so this script only adds and compares integers below 2^53,
 -- where Lua's doubles are exact. A fraction counted in another rate (a reload changed the rule's
 -- number) is first rounded up to a whole microsecond, as `at_rate` does.
--- cost_q = -1 means the hits exceed the burst: refused without touching the state.
+-- cost_q = -1 means the hits exceed the burst: refused without touching the state. With
+-- `commit` false nothing is written.
 --
 -- Returns {allowed (0|1), now_us, tat_us, frac} (the state after the check, frac in `requests`).
 -- TTL: until the bucket is full again (TAT), rounded up to the millisecond.
-local function token_bucket(key, now, requests, cost_q, cost_r, tol_q, tol_r)
+local function bucket_load(key, requests)
   local stored = redis.call('HMGET', key, 't', 'f', 'r')
   local tat, frac = tonumber(stored[1]) or 0, tonumber(stored[2]) or 0
   if frac > 0 and tonumber(stored[3]) ~= requests then tat, frac = tat + 1, 0 end
+  return tat, frac
+end
+
+local function bucket_store(key, now, requests, tat, frac)
+  redis.call('HSET', key, 't', string.format('%.0f', tat), 'f', string.format('%.0f', frac),
+    'r', string.format('%.0f', requests))
+  local ttl_us = tat - now
+  if frac > 0 then ttl_us = ttl_us + 1 end
+  redis.call('PEXPIREAT', key, expire_at_ms(now, ttl_us))
+end
+
+local function token_bucket(key, now, requests, cost_q, cost_r, tol_q, tol_r, commit)
+  local tat, frac = bucket_load(key, requests)
   if cost_q < 0 then return {0, now, tat, frac} end
   local base_t, base_f = now, 0
   if tat > now or (tat == now and frac > 0) then base_t, base_f = tat, frac end
@@ -24,12 +38,26 @@ local function token_bucket(key, now, requests, cost_q, cost_r, tol_q, tol_r)
   local next_t = base_t + cost_q + carry
   local ahead = next_t - now
   if ahead < tol_q or (ahead == tol_q and next_f <= tol_r) then
-    redis.call('HSET', key, 't', string.format('%.0f', next_t), 'f', string.format('%.0f', next_f),
-      'r', string.format('%.0f', requests))
-    local ttl_us = ahead
-    if next_f > 0 then ttl_us = ttl_us + 1 end
-    redis.call('PEXPIREAT', key, expire_at_ms(now, ttl_us))
+    if not commit then return {1, now, tat, frac} end
+    bucket_store(key, now, requests, next_t, next_f)
     return {1, now, next_t, next_f}
   end
   return {0, now, tat, frac}
+end
+
+-- bucket_refund(key, now_us, requests, back_q, back_r, commit): TAT moves earlier by the span of
+-- the hits given back, never before now (algorithm::token_bucket::refund). Always allowed.
+local function bucket_refund(key, now, requests, back_q, back_r, commit)
+  local tat, frac = bucket_load(key, requests)
+  if not commit then return {1, now, tat, frac} end
+  local borrow = 0
+  if frac < back_r then borrow = 1 end
+  frac = frac + borrow * requests - back_r
+  tat = tat - back_q - borrow
+  if tat < now or (tat == now and frac == 0) then
+    redis.call('DEL', key)
+    return {1, now, 0, 0}
+  end
+  bucket_store(key, now, requests, tat, frac)
+  return {1, now, tat, frac}
 end

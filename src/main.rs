@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::Parser;
 
 use portcullis::clock::SystemClock;
-use portcullis::rules::{self, Lookup, MatchKind};
+use portcullis::rules::{self, LoadOptions, Lookup, MatchKind};
 use portcullis::settings::{Cli, Command, Settings};
 use portcullis::{server, telemetry};
 
@@ -14,12 +14,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(settings) => serve(*settings),
-        Command::Check { dir } => check(&dir),
+        Command::Check {
+            dir,
+            merge_domain_config,
+        } => check(&dir, options(merge_domain_config)),
         Command::Explain {
             config,
             domain,
             entries,
-        } => explain(&config, &domain, &entries),
+            merge_domain_config,
+        } => explain(&config, &domain, &entries, options(merge_domain_config)),
         Command::Ask {
             addr,
             domain,
@@ -80,9 +84,16 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-fn check(dir: &std::path::Path) -> ExitCode {
-    match rules::load_dir(dir) {
+fn options(merge_domains: bool) -> LoadOptions {
+    LoadOptions { merge_domains }
+}
+
+fn check(dir: &std::path::Path, options: LoadOptions) -> ExitCode {
+    match rules::load_dir(dir, options) {
         Ok(snapshot) => {
+            for warning in snapshot.warnings() {
+                eprintln!("warning: {warning}");
+            }
             let count = snapshot.rules().len();
             println!(
                 "{}: {} file(s), {} domain(s), {count} rule(s): OK",
@@ -99,8 +110,13 @@ fn check(dir: &std::path::Path) -> ExitCode {
     }
 }
 
-fn explain(config: &std::path::Path, domain: &str, entries: &[(String, String)]) -> ExitCode {
-    let snapshot = match rules::load_dir(config) {
+fn explain(
+    config: &std::path::Path,
+    domain: &str,
+    entries: &[(String, String)],
+    options: LoadOptions,
+) -> ExitCode {
+    let snapshot = match rules::load_dir(config, options) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("{e}");
@@ -125,7 +141,18 @@ fn explain(config: &std::path::Path, domain: &str, entries: &[(String, String)])
         println!("level {}: {}={:?}: {how}", depth + 1, step.key, step.value);
     }
     match lookup {
-        Lookup::Rule(rule) => println!("rule: {}", rule.describe()),
+        Lookup::Rule(resolved) => {
+            println!("rule: {}", resolved.rule.describe());
+            for (index, pattern) in &resolved.shared {
+                println!(
+                    "level {}: share_threshold: every value matching {pattern:?} counts in one counter",
+                    index + 1
+                );
+            }
+            if let Some(name) = &resolved.metric_name {
+                println!("metrics: counted as {name:?}");
+            }
+        }
         _ if steps.len() < entries.len() => {
             println!("no rule: the descriptor is deeper than any rule that matched")
         }

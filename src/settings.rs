@@ -11,7 +11,9 @@ use std::time::Duration;
 use clap::builder::{EnumValueParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::algorithm::Algorithm;
 use crate::limiter::FailureMode;
+use crate::rules::LoadOptions;
 use crate::service::HeadersMode;
 use crate::telemetry::LogFormat;
 
@@ -34,6 +36,9 @@ pub enum Command {
     Check {
         /// The rules directory.
         dir: PathBuf,
+        /// Merge a domain defined in several files (as `serve --merge-domain-config`).
+        #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
+        merge_domain_config: bool,
     },
     /// Show which rule a descriptor matches, level by level, and why.
     Explain {
@@ -44,6 +49,9 @@ pub enum Command {
         /// The descriptor's entries in order, as key=value (key= for an empty value).
         #[arg(required = true, value_parser = parse_entry)]
         entries: Vec<(String, String)>,
+        /// Merge a domain defined in several files (as `serve --merge-domain-config`).
+        #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
+        merge_domain_config: bool,
     },
     /// Send one ShouldRateLimit request to a running server and print the answer.
     Ask {
@@ -129,6 +137,9 @@ enum FailureModeArg {
     Deny,
     /// Count in this process's memory until the store answers again.
     Local,
+    /// Answer with a gRPC error (UNAVAILABLE): Envoy's failure_mode_deny decides, as with the Go
+    /// service.
+    Error,
 }
 
 impl From<FailureModeArg> for FailureMode {
@@ -137,6 +148,25 @@ impl From<FailureModeArg> for FailureMode {
             FailureModeArg::Allow => FailureMode::Allow,
             FailureModeArg::Deny => FailureMode::Deny,
             FailureModeArg::Local => FailureMode::Local,
+            FailureModeArg::Error => FailureMode::Error,
+        }
+    }
+}
+
+/// `--override-algorithm` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum AlgorithmArg {
+    SlidingWindow,
+    TokenBucket,
+    FixedWindow,
+}
+
+impl From<AlgorithmArg> for Algorithm {
+    fn from(arg: AlgorithmArg) -> Self {
+        match arg {
+            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
+            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
+            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
         }
     }
 }
@@ -321,6 +351,40 @@ pub struct Settings {
     /// Count everything but never answer OVER_LIMIT (trying rules out in production).
     #[arg(long, env = "PORTCULLIS_SHADOW_MODE")]
     pub shadow_mode: bool,
+    /// Treat every limit as a quota: a call is OVER_LIMIT only when every one of its descriptors
+    /// is (the Go service's QUOTA_MODE; per rule: `quota_mode: true`).
+    #[arg(long, env = "PORTCULLIS_QUOTA_MODE")]
+    pub quota_mode: bool,
+    /// When any descriptor of a call is over its limit, charge none of them (the Go service's
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT). Atomic on memory and standalone Redis; see the
+    /// README for Cluster.
+    #[arg(long, env = "PORTCULLIS_STOP_CHARGING_WHEN_OVER")]
+    pub stop_charging_when_over: bool,
+    /// Describe each call in the response's dynamic metadata, with the matched rules' `metadata`
+    /// (the Go service's RESPONSE_DYNAMIC_METADATA).
+    #[arg(long, env = "PORTCULLIS_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
+    /// Merge a domain defined in several files instead of refusing it (MERGE_DOMAIN_CONFIG).
+    #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
+    /// The algorithm of limits a request carries itself (Envoy's `limit` override); the Go
+    /// service counts them in fixed windows.
+    #[arg(
+        long,
+        env = "PORTCULLIS_OVERRIDE_ALGORITHM",
+        default_value = "fixed-window",
+        value_parser = EnumValueParser::<AlgorithmArg>::new().map(Algorithm::from)
+    )]
+    pub override_algorithm: Algorithm,
+    /// Name of the header carrying the limit (default: the --response-headers mode's).
+    #[arg(long, env = "PORTCULLIS_HEADER_LIMIT_NAME")]
+    pub header_limit_name: Option<String>,
+    /// Name of the header carrying what remains.
+    #[arg(long, env = "PORTCULLIS_HEADER_REMAINING_NAME")]
+    pub header_remaining_name: Option<String>,
+    /// Name of the header carrying the seconds until reset.
+    #[arg(long, env = "PORTCULLIS_HEADER_RESET_NAME")]
+    pub header_reset_name: Option<String>,
     /// Most descriptors accepted in one request.
     #[arg(long, env = "PORTCULLIS_MAX_DESCRIPTORS", default_value_t = 512)]
     pub max_descriptors: usize,
@@ -484,6 +548,13 @@ impl Settings {
         }
     }
 
+    /// How rule files become one set of rules.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domain_config,
+        }
+    }
+
     /// The gRPC request timeout in force.
     pub fn grpc_request_timeout(&self) -> Duration {
         self.grpc_request_timeout
@@ -529,6 +600,14 @@ impl Settings {
             deny_cache_max_bytes: 16 << 20,
             response_headers: HeadersMode::Off,
             shadow_mode: false,
+            quota_mode: false,
+            stop_charging_when_over: false,
+            response_dynamic_metadata: false,
+            merge_domain_config: false,
+            override_algorithm: Algorithm::FixedWindow,
+            header_limit_name: None,
+            header_remaining_name: None,
+            header_reset_name: None,
             max_descriptors: 512,
             max_entries: 64,
             max_string_bytes: 1024,

@@ -183,6 +183,7 @@ pub struct Metrics {
     pub rule_near_limit: Family<RuleLabels, Counter>,
     pub rule_within_limit: Family<RuleLabels, Counter>,
     pub rule_shadow_mode: Family<RuleLabels, Counter>,
+    pub rule_refunded: Family<RuleLabels, Counter>,
     pub calls: Family<CodeLabels, Counter>,
     pub call_seconds: Histogram,
     pub store_seconds: Histogram,
@@ -214,6 +215,7 @@ impl Metrics {
             rule_near_limit: Family::default(),
             rule_within_limit: Family::default(),
             rule_shadow_mode: Family::default(),
+            rule_refunded: Family::default(),
             calls: Family::default(),
             call_seconds: latency(),
             store_seconds: latency(),
@@ -256,6 +258,11 @@ impl Metrics {
             "rule_shadow_mode",
             "Hits over a shadow-mode rule's limit (allowed because of shadow mode)",
             m.rule_shadow_mode.clone(),
+        );
+        registry.register(
+            "rule_refunded",
+            "Hits given back to a rule's budget (is_negative_hits)",
+            m.rule_refunded.clone(),
         );
         registry.register(
             "grpc_calls",

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::process::ServeProcess;
 use common::redis::{RedisCluster, RedisSentinel, RedisServer, cli};
 use common::{TestServer, request};
-use portcullis::algorithm::{Algorithm, Check, Limit, key};
+use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::clock::ManualClock;
 use portcullis::limiter::FailureMode;
 use portcullis::pb::rate_limit_response::Code;
@@ -54,9 +54,19 @@ async fn decide(
     checks: &[Check],
     clock: ScriptClock,
 ) -> Vec<portcullis::algorithm::Decision> {
+    decide_in(store, checks, clock, ChargeMode::EachAlone).await
+}
+
+/// Like `decide`, the call's checks charged as `mode` says.
+async fn decide_in(
+    store: &RedisStore,
+    checks: &[Check],
+    clock: ScriptClock,
+    mode: ChargeMode,
+) -> Vec<portcullis::algorithm::Decision> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     store
-        .check_with_clock(checks, clock, deadline)
+        .check_with_clock(checks, clock, deadline, mode)
         .await
         .into_iter()
         .map(|answer| answer.expect("redis answers"))
@@ -147,13 +157,20 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                         2 => limit.capacity() + 1,
                         _ => 1 + rng.below(limit.capacity().min(6)),
                     },
+                    // Some hits are given back (Envoy's is_negative_hits).
+                    refund: rng.below(6) == 0,
                 })
                 .collect();
-            let from_redis = decide(&store, &checks, ScriptClock::Fixed(now)).await;
-            let from_memory: Vec<_> = checks.iter().map(|c| memory.check_at(c, now)).collect();
+            let mode = match rng.below(6) {
+                0 => ChargeMode::AllOrNothing,
+                1 => ChargeMode::Probe,
+                _ => ChargeMode::EachAlone,
+            };
+            let from_redis = decide_in(&store, &checks, ScriptClock::Fixed(now), mode).await;
+            let from_memory = memory.check_all_at(&checks, now, mode);
             assert_eq!(
                 from_redis, from_memory,
-                "case {case} step {step} at {now}: {checks:?}"
+                "case {case} step {step} at {now} {mode:?}: {checks:?}"
             );
             compared += checks.len();
         }
@@ -183,6 +200,7 @@ async fn a_token_bucket_whose_rate_a_reload_lowers_keeps_an_honest_retry_time() 
         key: key::counter_key("tb", [("k", "v")], &limit, None),
         limit,
         hits: 1,
+        refund: false,
     };
     let now = FUTURE_US;
     let first = [check(fast)];
@@ -219,10 +237,17 @@ async fn the_production_path_reads_redis_time_not_the_callers_clock() {
         key: "{clock}".into(),
         limit,
         hits: 1,
+        refund: false,
     };
     use portcullis::store::Store;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let answers = store.check(std::slice::from_ref(&check), deadline).await;
+    let answers = store
+        .check(
+            std::slice::from_ref(&check),
+            deadline,
+            ChargeMode::EachAlone,
+        )
+        .await;
     answers[0].as_ref().expect("redis answers");
     // The fixed window the script wrote is today's window by Redis' own TIME.
     let time = cli(redis.port, &["TIME"]);
@@ -568,6 +593,7 @@ async fn redis_stopped_answers_by_failure_mode_within_the_deadline_and_recovers_
             FailureMode::Deny => [OVER, OVER, OVER],
             // The local limiter counts on its own: 2 per hour.
             FailureMode::Local => [OK, OK, OVER],
+            FailureMode::Error => unreachable!("not among the modes started above"),
         };
         assert_eq!(codes, expected, "{mode:?}");
     }

@@ -26,6 +26,16 @@ pub fn check(state: &mut FixedState, now_us: u64, limit: &Limit, hits: u64) -> O
     summarize(state, now_us, limit, hits, allowed)
 }
 
+/// Gives `hits` back to the current window's counter, never below zero. A window already over
+/// had its budget back anyway.
+pub fn refund(state: &mut FixedState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    let window = now_us / limit.window_us.max(1);
+    if state.window >= window {
+        state.count = state.count.saturating_sub(hits);
+    }
+    summarize(state, now_us, limit, 0, true)
+}
+
 /// Derives what Envoy is told from a state (after the check ran on it). Like the Go service,
 /// the reset is the end of the current window, even when nothing was counted in it.
 pub fn summarize(

@@ -34,13 +34,36 @@ pub fn counter_key<'a>(
     limit: &Limit,
     override_requests: Option<u64>,
 ) -> String {
+    counter_key_parts(
+        domain,
+        entries
+            .into_iter()
+            .map(|(name, value)| (name, value, false)),
+        limit,
+        override_requests,
+    )
+}
+
+/// Like `counter_key`, with entries as (name, value, shared): a shared entry's value is a
+/// `share_threshold` wildcard pattern that every matching value counts under, written `name==`
+/// so that it never meets the key of a request whose value is the pattern's text (`=` inside a
+/// value is always escaped).
+pub fn counter_key_parts<'a>(
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'a str, &'a str, bool)>,
+    limit: &Limit,
+    override_requests: Option<u64>,
+) -> String {
     let mut key = String::with_capacity(64);
     key.push('{');
     push_escaped(&mut key, domain);
-    for (name, value) in entries {
+    for (name, value, shared) in entries {
         key.push('|');
         push_escaped(&mut key, name);
         key.push('=');
+        if shared {
+            key.push('=');
+        }
         push_escaped(&mut key, value);
     }
     key.push('}');
@@ -106,6 +129,10 @@ mod tests {
             assert!(hash_tag(a).starts_with('d'));
         }
         assert_ne!(key("a|b", &[]), key("a", &[("b", "")]));
+        // A shared (share_threshold) counter never meets a request whose value is the pattern.
+        let shared = counter_key_parts("d", [("p", "/api/*", true)], &LIMIT, None);
+        assert_ne!(shared, key("d", &[("p", "/api/*")]));
+        assert_ne!(shared, key("d", &[("p", "=/api/*")]));
     }
 
     #[test]

@@ -78,6 +78,21 @@ pub struct Check {
     pub key: String,
     pub limit: Limit,
     pub hits: u64,
+    /// Return `hits` to the budget instead of spending them (Envoy's `is_negative_hits`: charge an
+    /// estimate up front, give back what was not used).
+    pub refund: bool,
+}
+
+/// How the checks of one call are charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChargeMode {
+    /// Each check is charged if it passes, whatever the others answer (Envoy's model).
+    #[default]
+    EachAlone,
+    /// If any check of the call is refused, none is charged (refunds still apply).
+    AllOrNothing,
+    /// Nothing is charged: every check is answered as it would be, and nothing changes.
+    Probe,
 }
 
 /// What a store answers for one check.
@@ -152,6 +167,53 @@ pub fn apply(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcom
         (algorithm, _) => {
             *state = State::empty(algorithm);
             apply(state, now_us, limit, hits)
+        }
+    }
+}
+
+/// Gives `hits` back to `state`: never below empty, never more than was spent. The decision is
+/// always allowed, with what can be spent now.
+pub fn refund(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    if limit.requests == 0 {
+        *state = State::empty(limit.algorithm);
+        return Outcome {
+            decision: zero_limit_decision(0),
+            keep_for_us: 0,
+        };
+    }
+    match (limit.algorithm, &mut *state) {
+        (Algorithm::SlidingWindow, State::Sliding(s)) => {
+            sliding_window::refund(s, now_us, limit, hits)
+        }
+        (Algorithm::TokenBucket, State::Bucket(s)) => token_bucket::refund(s, now_us, limit, hits),
+        (Algorithm::FixedWindow, State::Fixed(s)) => fixed_window::refund(s, now_us, limit, hits),
+        // A state of another algorithm (a rule changed): nothing of this one was spent.
+        (algorithm, _) => {
+            *state = State::empty(algorithm);
+            apply(state, now_us, limit, 0)
+        }
+    }
+}
+
+/// Runs one check as its flags and the call's mode say: charge, refund, or only look (`commit`
+/// false: the state is left as it was and the decision says whether the hits would pass).
+pub fn run(state: &mut State, now_us: u64, check: &Check, commit: bool) -> Outcome {
+    match (check.refund, commit) {
+        (true, true) => refund(state, now_us, &check.limit, check.hits),
+        (false, true) => apply(state, now_us, &check.limit, check.hits),
+        (_, false) => {
+            let mut copy = state.clone();
+            let tried = apply(&mut copy, now_us, &check.limit, check.hits);
+            let mut unchanged = state.clone();
+            // The state as it is, with the answer the hits would get.
+            let mut outcome = apply(&mut unchanged, now_us, &check.limit, 0);
+            if check.refund || tried.decision.allowed {
+                outcome.decision.allowed = true;
+                outcome.decision.retry_after = None;
+            } else {
+                outcome.decision = tried.decision;
+            }
+            outcome
         }
     }
 }

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 
 use super::sliding_window::{SLOTS, SUB_WINDOWS, sub_window_us};
-use super::{Algorithm, Decision, Limit, State, apply, us};
+use super::{Algorithm, Decision, Limit, State, apply, refund, us};
 
 /// Realistic epoch start (Redis TIME and the host clock are far from zero).
 const EPOCH_US: u64 = 1_763_000_000_000_000;
@@ -280,5 +280,43 @@ fn a_clock_stepping_back_never_returns_budget() {
                 .allowed,
             "{algorithm}"
         );
+    }
+}
+
+proptest! {
+    /// A refund gives back what was spent, and never more: refunding all that was admitted at
+    /// one instant leaves a full counter; refunding more still leaves it full, never above; and
+    /// the budget refunded can be spent again at once (nothing is admitted retroactively).
+    #[test]
+    fn refunds_give_back_what_was_spent_and_never_more(
+        algorithm in prop::sample::select(vec![
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+        ]),
+        requests in 1u64..50,
+        charges in prop::collection::vec(1u64..6, 1..20),
+        extra in 0u64..100,
+    ) {
+        let limit = Limit {
+            algorithm,
+            requests,
+            window_us: 60_000_000,
+            burst: requests,
+        };
+        let now = EPOCH_US + 1_234_567;
+        let mut state = State::empty(algorithm);
+        let mut spent = 0;
+        for hits in charges {
+            if apply(&mut state, now, &limit, hits).decision.allowed {
+                spent += hits;
+            }
+        }
+        let after = refund(&mut state, now, &limit, spent + extra).decision;
+        prop_assert!(after.allowed);
+        prop_assert_eq!(after.remaining, limit.capacity(), "a full counter again");
+        // Spending the whole capacity again passes; one more hit does not.
+        prop_assert!(apply(&mut state, now, &limit, limit.capacity()).decision.allowed);
+        prop_assert!(!apply(&mut state, now, &limit, 1).decision.allowed);
     }
 }

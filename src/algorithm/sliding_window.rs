@@ -100,6 +100,23 @@ pub fn check(state: &mut SlidingState, now_us: u64, limit: &Limit, hits: u64) ->
     outcome
 }
 
+/// Takes `hits` back from the newest sub-windows first (the spending that would be remembered
+/// longest), never below zero.
+pub fn refund(state: &mut SlidingState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    let sub_us = sub_window_us(limit.window_us);
+    state.advance(now_us / sub_us);
+    let mut left = hits;
+    for count in state.counts.iter_mut().rev() {
+        let taken = left.min(*count);
+        *count -= taken;
+        left -= taken;
+        if left == 0 {
+            break;
+        }
+    }
+    summarize(state, now_us, limit, 0, true)
+}
+
 /// Derives what Envoy is told from a state (after the check ran on it).
 pub fn summarize(
     state: &SlidingState,

@@ -101,6 +101,26 @@ pub fn check(state: &mut BucketState, now_us: u64, limit: &Limit, hits: u64) -> 
     summarize(state, now_us, limit, hits, allowed)
 }
 
+/// Gives `hits` tokens back: TAT moves earlier by their span, never before now (a full bucket).
+/// Exact like `check`: the fraction borrows from the whole microseconds.
+pub fn refund(state: &mut BucketState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    let start = at_rate(state, limit.requests);
+    let back = span_of(hits, limit);
+    let borrow = u64::from(start.frac < back.remainder);
+    let frac = start.frac + borrow * limit.requests - back.remainder;
+    let tat_us = start.tat_us.saturating_sub(back.quotient_us + borrow);
+    *state = if tat_us < now_us || (tat_us == now_us && frac == 0) {
+        BucketState::default()
+    } else {
+        BucketState {
+            tat_us,
+            frac,
+            rate: limit.requests,
+        }
+    };
+    summarize(state, now_us, limit, 0, true)
+}
+
 /// Derives what Envoy is told from a state (after the check ran on it).
 pub fn summarize(
     state: &BucketState,

@@ -114,6 +114,14 @@ impl DenyCache {
         })
     }
 
+    /// Drops what is remembered for `key` (its budget was given back).
+    pub fn forget(&self, key: &str) {
+        let mut shard = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((key, _)) = shard.entries.pop_entry(key) {
+            shard.bytes -= cost(&key);
+        }
+    }
+
     /// Remembers a denial that waiting can cure (one with `retry_after`); returns how many
     /// entries were evicted to make room.
     pub fn remember(&self, check: &Check, decision: &Decision, now: Instant) -> usize {
@@ -191,6 +199,7 @@ mod tests {
             key,
             limit: LIMIT,
             hits: 1,
+            refund: false,
         }
     }
 

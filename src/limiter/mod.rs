@@ -11,7 +11,7 @@ pub mod deny_cache;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::algorithm::{Check, Decision, Limit};
+use crate::algorithm::{ChargeMode, Check, Decision, Limit};
 use crate::store::{Store, StoreError, all_failed};
 use crate::telemetry::{KindLabels, LogThrottle, Metrics, ModeLabels};
 use deny_cache::DenyCache;
@@ -27,6 +27,9 @@ pub enum FailureMode {
     Deny,
     /// Count in this process's memory until the store answers again.
     Local,
+    /// Hand the store's error back to the caller (gRPC UNAVAILABLE): Envoy's own
+    /// `failure_mode_deny` then decides, as with the Go service.
+    Error,
 }
 
 /// How the limiter treats its store.
@@ -111,22 +114,34 @@ impl Limiter {
     }
 
     /// One decision per check, in order: the store's, a cached refusal of the store's, or the
-    /// failure mode's for each check the store could not decide in time.
-    pub async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+    /// failure mode's for each check the store could not decide in time (with
+    /// `FailureMode::Error`, the store's error instead).
+    pub async fn check(
+        &self,
+        checks: &[Check],
+        mode: ChargeMode,
+    ) -> Result<Vec<Decision>, StoreError> {
         let Some(cache) = &self.deny_cache else {
             return Ok(self
-                .check_store(checks)
-                .await
+                .check_store(checks, mode)
+                .await?
                 .into_iter()
                 .map(|(decision, _)| decision)
                 .collect());
         };
+        // A refund gives budget back: a refusal remembered for that counter is no longer true.
+        for check in checks.iter().filter(|c| c.refund) {
+            cache.forget(&check.key);
+        }
         let now = Instant::now();
-        let cached: Vec<Option<Decision>> = checks.iter().map(|c| cache.lookup(c, now)).collect();
+        let cached: Vec<Option<Decision>> = checks
+            .iter()
+            .map(|c| if c.refund { None } else { cache.lookup(c, now) })
+            .collect();
         let hits = cached.iter().filter(|c| c.is_some()).count();
         // The usual case, nothing cached: the checks go to the store as they are, uncopied.
         let stored = if hits == 0 {
-            self.check_store(checks).await
+            self.check_store(checks, mode).await?
         } else {
             self.metrics.deny_cache_hits.inc_by(hits as u64);
             let to_store: Vec<Check> = checks
@@ -135,7 +150,13 @@ impl Limiter {
                 .filter(|(_, c)| c.is_none())
                 .map(|(check, _)| check.clone())
                 .collect();
-            self.check_store(&to_store).await
+            if mode == ChargeMode::AllOrNothing {
+                // A remembered refusal already makes the call refused: nothing is charged, but
+                // refunds still apply.
+                self.refunds_applied_charges_probed(&to_store).await?
+            } else {
+                self.check_store(&to_store, mode).await?
+            }
         };
         let mut stored = stored.into_iter();
         let now = Instant::now();
@@ -147,8 +168,9 @@ impl Limiter {
                     let (decision, from_store) = stored.next().ok_or_else(|| {
                         StoreError::Protocol("store answered too few decisions".into())
                     })?;
-                    // Only the store's own refusals: a failure-mode answer says nothing of the budget.
-                    if from_store {
+                    // Only the store's own refusals of real charges: a failure-mode answer says
+                    // nothing of the budget.
+                    if from_store && !check.refund && mode != ChargeMode::Probe {
                         let evicted = cache.remember(check, &decision, now);
                         if evicted > 0 {
                             self.metrics.deny_cache_evictions.inc_by(evicted as u64);
@@ -162,18 +184,50 @@ impl Limiter {
         Ok(decisions)
     }
 
+    /// Refunds run, charges only looked at: for an all-or-nothing call already refused.
+    async fn refunds_applied_charges_probed(
+        &self,
+        checks: &[Check],
+    ) -> Result<Vec<(Decision, bool)>, StoreError> {
+        let (refunds, charges): (Vec<Check>, Vec<Check>) =
+            checks.iter().cloned().partition(|c| c.refund);
+        let mut refunded = self
+            .check_store(&refunds, ChargeMode::EachAlone)
+            .await?
+            .into_iter();
+        let mut probed = self
+            .check_store(&charges, ChargeMode::Probe)
+            .await?
+            .into_iter();
+        checks
+            .iter()
+            .map(|c| {
+                let next = if c.refund {
+                    refunded.next()
+                } else {
+                    probed.next()
+                };
+                next.ok_or_else(|| StoreError::Protocol("store answered too few decisions".into()))
+            })
+            .collect()
+    }
+
     /// Per check: the store's decision (`true`), or the failure mode's (`false`) where the store
     /// failed or missed the deadline for that check.
-    async fn check_store(&self, checks: &[Check]) -> Vec<(Decision, bool)> {
+    async fn check_store(
+        &self,
+        checks: &[Check],
+        mode: ChargeMode,
+    ) -> Result<Vec<(Decision, bool)>, StoreError> {
         if checks.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let started = tokio::time::Instant::now();
         let deadline = started + self.deadline;
         // The store keeps the deadline itself (per check on Cluster); this is the backstop.
         let answers = match tokio::time::timeout_at(
             deadline + DEADLINE_BACKSTOP,
-            self.store.check(checks, deadline),
+            self.store.check(checks, deadline, mode),
         )
         .await
         {
@@ -212,6 +266,9 @@ impl Limiter {
         }
         if let Some(error) = first_error {
             self.log_failure(&error, failed.len(), checks.len());
+            if self.failure_mode == FailureMode::Error {
+                return Err(error);
+            }
             self.metrics
                 .failure_mode_answers
                 .get_or_create(&ModeLabels {
@@ -225,7 +282,7 @@ impl Limiter {
                     .collect(),
                 (FailureMode::Local, Some(fallback)) => {
                     let local: Vec<Check> = failed.iter().map(|&i| checks[i].clone()).collect();
-                    let answers = fallback.check(&local, deadline).await;
+                    let answers = fallback.check(&local, deadline, mode).await;
                     local
                         .iter()
                         .zip(answers)
@@ -241,10 +298,11 @@ impl Limiter {
                 out[i] = Some((decision, false));
             }
         }
-        out.into_iter()
+        Ok(out
+            .into_iter()
             .zip(checks)
             .map(|(o, c)| o.unwrap_or_else(|| (failed_open(&c.limit), false)))
-            .collect()
+            .collect())
     }
 
     pub fn store_name(&self) -> &'static str {

@@ -26,9 +26,47 @@ pub fn matches(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|&c| c == b'*')
 }
 
+/// Whether every value `pattern` matches is also matched by `cover` (so a `cover` tried first
+/// leaves `pattern` unused). `cover`'s `*` may stand for any run of `pattern`'s characters and
+/// stars; a literal of `cover` must meet the same literal in `pattern`, never a star.
+pub fn covers(cover: &str, pattern: &str) -> bool {
+    let (c, p) = (cover.as_bytes(), pattern.as_bytes());
+    // at[j]: whether cover[..i] can produce pattern[..j]; one row per cover position.
+    let mut at = vec![false; p.len() + 1];
+    at[0] = true;
+    for &symbol in c {
+        let mut next = vec![false; p.len() + 1];
+        if symbol == b'*' {
+            let mut reachable = false;
+            for j in 0..=p.len() {
+                reachable |= at[j];
+                next[j] = reachable;
+            }
+        } else {
+            for j in 0..p.len() {
+                next[j + 1] = at[j] && p[j] == symbol;
+            }
+        }
+        at = next;
+    }
+    at[p.len()]
+}
+
 #[cfg(test)]
 mod tests {
-    use super::matches;
+    use super::{covers, matches};
+
+    #[test]
+    fn a_pattern_covers_another_when_it_matches_all_it_matches() {
+        assert!(covers("*", "/api/*"));
+        assert!(covers("/api/*", "/api/v1/*"));
+        assert!(covers("*.png", "/img/*.png"));
+        assert!(covers("a*c", "ab*c"));
+        assert!(!covers("/api/v1/*", "/api/*"));
+        assert!(!covers("a*c", "a*"));
+        assert!(!covers("/api/*/x", "/api/*"));
+        assert!(covers("/api/*", "/api/*"));
+    }
 
     #[test]
     fn star_matches_zero_or_more_anywhere() {

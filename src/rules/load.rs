@@ -149,8 +149,16 @@ pub fn read_dir(dir: &Path) -> Result<RuleFiles, RulesError> {
     }
 }
 
+/// How a set of files becomes one snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// A domain defined in several files is merged (the Go service's `MERGE_DOMAIN_CONFIG`);
+    /// otherwise a second definition is an error.
+    pub merge_domains: bool,
+}
+
 /// Validates a set of rule files into a snapshot; all or nothing.
-pub fn parse(set: &RuleFiles) -> Result<Snapshot, RulesError> {
+pub fn parse(set: &RuleFiles, options: LoadOptions) -> Result<Snapshot, RulesError> {
     let mut errors = Vec::new();
     let mut domains: HashMap<String, Domain> = HashMap::new();
     for (path, bytes) in &set.files {
@@ -169,13 +177,20 @@ pub fn parse(set: &RuleFiles) -> Result<Snapshot, RulesError> {
         let Some(domain) = parse_file(path, text, &mut errors) else {
             continue;
         };
+        if options.merge_domains
+            && let Some(first) = domains.get_mut(&domain.name)
+        {
+            first.merge(domain, &mut errors);
+            continue;
+        }
         if let Some(first) = domains.get(&domain.name) {
             errors.push(RuleError {
                 file: path.clone(),
                 line: domain.source.line,
                 field: "domain".into(),
                 message: format!(
-                    "domain {:?} is already defined in {}",
+                    "domain {:?} is already defined in {} (merging a domain across files \
+                     needs --merge-domain-config)",
                     domain.name, first.source
                 ),
             });
@@ -195,6 +210,6 @@ pub fn parse(set: &RuleFiles) -> Result<Snapshot, RulesError> {
 }
 
 /// Reads and validates every rules file of `dir`; all or nothing.
-pub fn load_dir(dir: &Path) -> Result<Snapshot, RulesError> {
-    parse(&read_dir(dir)?)
+pub fn load_dir(dir: &Path, options: LoadOptions) -> Result<Snapshot, RulesError> {
+    parse(&read_dir(dir)?, options)
 }

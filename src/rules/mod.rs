@@ -18,7 +18,9 @@ use std::time::SystemTime;
 
 use crate::algorithm::{Algorithm, Limit, US_PER_SECOND};
 
-pub use load::{RuleError, RuleFiles, RulesError, load_dir, parse, parse_file, read_dir};
+pub use load::{
+    LoadOptions, RuleError, RuleFiles, RulesError, load_dir, parse, parse_file, read_dir,
+};
 
 /// The time units of the YAML (`week` is ours and the Go service's; Envoy's override enum has no
 /// week). Month and year are 30 and 365 days, as in envoyproxy/ratelimit.
@@ -112,7 +114,11 @@ pub struct Rule {
     pub name: Option<String>,
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
+    /// Over its limit alone it does not make the call OVER_LIMIT (see the service).
+    pub quota_mode: bool,
     pub detailed_metric: bool,
+    /// The descriptor's `metadata`, handed back in the response's dynamic metadata.
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     pub source: Option<Source>,
 }
 
@@ -134,6 +140,9 @@ impl Rule {
                 }
                 if self.shadow_mode {
                     text.push_str(", shadow_mode");
+                }
+                if self.quota_mode {
+                    text.push_str(", quota_mode");
                 }
                 if let Some(name) = &self.name {
                     text.push_str(&format!(", name {name:?}"));
@@ -177,6 +186,24 @@ pub enum MatchKind {
     Default,
 }
 
+/// How one level matched, borrowing the pattern (the lookup path allocates nothing for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Matched<'a> {
+    Exact,
+    Wildcard(&'a str),
+    Default,
+}
+
+impl Matched<'_> {
+    fn owned(self) -> MatchKind {
+        match self {
+            Matched::Exact => MatchKind::Exact,
+            Matched::Wildcard(p) => MatchKind::Wildcard(p.to_owned()),
+            Matched::Default => MatchKind::Default,
+        }
+    }
+}
+
 /// One step of a lookup, for `explain`.
 #[derive(Debug, Clone)]
 pub struct Step {
@@ -188,11 +215,33 @@ pub struct Step {
 }
 
 /// What a lookup found.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Lookup<'a> {
     UnknownDomain,
     NoRule,
-    Rule(&'a Arc<Rule>),
+    Rule(Resolved<'a>),
+}
+
+/// The rule a descriptor resolved to, with what the path to it says about counting and naming.
+#[derive(Debug, Clone)]
+pub struct Resolved<'a> {
+    pub rule: &'a Arc<Rule>,
+    /// Entries matched by a `share_threshold` wildcard, as (entry index, pattern): every value
+    /// the pattern matches counts in one counter, keyed by the pattern.
+    pub shared: Vec<(usize, &'a str)>,
+    /// The per-rule metric name when it is not the rule's own `full_key`: the request's values
+    /// for `detailed_metric` rules and `value_to_metric` levels, as the Go service names them.
+    pub metric_name: Option<String>,
+}
+
+impl Resolved<'_> {
+    /// The pattern that entry `index` counts under, if it is shared.
+    pub fn shared_pattern(&self, index: usize) -> Option<&str> {
+        self.shared
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, pattern)| *pattern)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -213,22 +262,26 @@ pub(crate) struct Node {
     rule: Option<Arc<Rule>>,
     children: Level,
     source: Source,
+    /// `share_threshold`: values matched by this wildcard share one counter.
+    share_threshold: bool,
+    /// `value_to_metric`: the request's value at this level goes into the metric name.
+    value_to_metric: bool,
 }
 
 impl Level {
-    fn find(&self, key: &str, value: &str) -> Option<(&Node, MatchKind)> {
+    fn find(&self, key: &str, value: &str) -> Option<(&Node, Matched<'_>)> {
         let matchers = self.by_key.get(key)?;
         if let Some(node) = matchers.exact.get(value) {
-            return Some((node, MatchKind::Exact));
+            return Some((node, Matched::Exact));
         }
         if let Some((pattern, node)) = matchers
             .wildcards
             .iter()
             .find(|(pattern, _)| glob::matches(pattern, value))
         {
-            return Some((node, MatchKind::Wildcard(pattern.clone())));
+            return Some((node, Matched::Wildcard(pattern)));
         }
-        matchers.default.as_deref().map(|n| (n, MatchKind::Default))
+        matchers.default.as_deref().map(|n| (n, Matched::Default))
     }
 
     fn rules<'a>(&'a self, out: &mut Vec<&'a Arc<Rule>>) {
@@ -248,6 +301,100 @@ impl Level {
             }
         }
     }
+
+    fn shadowed_wildcards(&self, out: &mut Vec<String>) {
+        let mut keys: Vec<_> = self.by_key.iter().collect();
+        keys.sort_by(|a, b| a.0.cmp(b.0));
+        for (key, m) in keys {
+            for (i, (pattern, node)) in m.wildcards.iter().enumerate() {
+                if let Some((earlier, first)) = m.wildcards[..i]
+                    .iter()
+                    .find(|(earlier, _)| glob::covers(earlier, pattern))
+                {
+                    out.push(format!(
+                        "{}: key {key:?} value {pattern:?} is never matched: the wildcard \
+                         {earlier:?} at {} comes first and matches every value it would",
+                        node.source, first.source
+                    ));
+                }
+            }
+            let nodes = m
+                .exact
+                .values()
+                .chain(m.wildcards.iter().map(|(_, n)| n))
+                .chain(m.default.as_deref());
+            for node in nodes {
+                node.children.shadowed_wildcards(out);
+            }
+        }
+    }
+
+    /// Whether any node below names metrics from request values or shares counters (the lookup
+    /// then records its path).
+    fn has_path_features(&self) -> bool {
+        self.by_key.values().any(|m| {
+            m.exact
+                .values()
+                .chain(m.wildcards.iter().map(|(_, n)| n))
+                .chain(m.default.as_deref())
+                .any(|n| {
+                    n.share_threshold
+                        || n.value_to_metric
+                        || n.rule.as_ref().is_some_and(|r| r.detailed_metric)
+                        || n.children.has_path_features()
+                })
+        })
+    }
+
+    /// Adds `other`'s descriptors (a second file of the same domain); a key and value defined in
+    /// both is an error at the second definition.
+    pub(crate) fn merge(&mut self, other: Level, errors: &mut Vec<load::RuleError>) {
+        let duplicate = |node: &Node, what: String, errors: &mut Vec<load::RuleError>| {
+            errors.push(load::RuleError {
+                file: node.source.file.as_ref().clone(),
+                line: node.source.line,
+                field: "descriptors".into(),
+                message: format!("duplicate descriptor when merging the domain: {what}"),
+            });
+        };
+        for (key, theirs) in other.by_key {
+            let ours = self.by_key.entry(key.clone()).or_default();
+            for (value, node) in theirs.exact {
+                if let Some(first) = ours.exact.get(&value) {
+                    let what = format!(
+                        "key {key:?} with value {value:?} is already defined at {}",
+                        first.source
+                    );
+                    duplicate(&node, what, errors);
+                } else {
+                    ours.exact.insert(value, node);
+                }
+            }
+            for (pattern, node) in theirs.wildcards {
+                if let Some((_, first)) = ours.wildcards.iter().find(|(p, _)| *p == pattern) {
+                    let what = format!(
+                        "key {key:?} with value {pattern:?} is already defined at {}",
+                        first.source
+                    );
+                    duplicate(&node, what, errors);
+                } else {
+                    ours.wildcards.push((pattern, node));
+                }
+            }
+            if let Some(node) = theirs.default {
+                match &ours.default {
+                    Some(first) => {
+                        let what = format!(
+                            "key {key:?} without a value is already defined at {}",
+                            first.source
+                        );
+                        duplicate(&node, what, errors);
+                    }
+                    None => ours.default = Some(node),
+                }
+            }
+        }
+    }
 }
 
 /// A domain's descriptor tree.
@@ -256,6 +403,26 @@ pub struct Domain {
     pub name: String,
     pub source: Source,
     root: Level,
+    /// Some node names metrics from values or shares counters: lookups record their path.
+    path_features: bool,
+}
+
+impl Domain {
+    pub(crate) fn new(name: String, source: Source, root: Level) -> Domain {
+        let path_features = root.has_path_features();
+        Domain {
+            name,
+            source,
+            root,
+            path_features,
+        }
+    }
+
+    /// Adds a second file's descriptors to this domain (`merge_domains`).
+    pub(crate) fn merge(&mut self, other: Domain, errors: &mut Vec<load::RuleError>) {
+        self.root.merge(other.root, errors);
+        self.path_features = self.root.has_path_features();
+    }
 }
 
 /// All rules loaded at one moment; immutable.
@@ -306,25 +473,84 @@ impl Snapshot {
         entries: &[E],
         mut trace: impl FnMut(Step),
     ) -> Lookup<'_> {
-        let Some(domain) = self.domains.get(domain) else {
+        let Some(found_domain) = self.domains.get(domain) else {
             return Lookup::UnknownDomain;
         };
-        let mut level = &domain.root;
+        let mut level = &found_domain.root;
+        let mut shared = Vec::new();
+        // Recorded only where some node needs it: the usual lookup allocates nothing.
+        let mut path: Vec<(Matched<'_>, &Node)> = Vec::new();
         for (depth, entry) in entries.iter().enumerate() {
             let found = level.find(entry.key(), entry.value());
             trace(Step {
                 key: entry.key().to_owned(),
                 value: entry.value().to_owned(),
-                matched: found.as_ref().map(|(n, k)| (k.clone(), n.source.clone())),
+                matched: found.as_ref().map(|(n, k)| (k.owned(), n.source.clone())),
                 has_rule: found.as_ref().is_some_and(|(n, _)| n.rule.is_some()),
             });
-            let Some((node, _)) = found else { break };
+            let Some((node, matched)) = found else { break };
+            if let Matched::Wildcard(pattern) = matched
+                && node.share_threshold
+            {
+                shared.push((depth, pattern));
+            }
+            if found_domain.path_features {
+                path.push((matched, node));
+            }
             if depth + 1 == entries.len() {
-                return node.rule.as_ref().map_or(Lookup::NoRule, Lookup::Rule);
+                return match &node.rule {
+                    None => Lookup::NoRule,
+                    Some(rule) => {
+                        let metric_name = found_domain
+                            .path_features
+                            .then(|| metric_name(domain, entries, &path, rule, &shared))
+                            .flatten();
+                        Lookup::Rule(Resolved {
+                            rule,
+                            shared,
+                            metric_name,
+                        })
+                    }
+                };
             }
             level = &node.children;
         }
         Lookup::NoRule
+    }
+
+    /// Rule patterns that load but are probably not what was meant: a wildcard never reached
+    /// because an earlier one at its level matches everything it does, and a shadow-mode rule
+    /// whose `replaces` switches off an enforced limit. `portcullis check` prints them.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut names: Vec<&String> = self.domains.keys().collect();
+        names.sort();
+        for name in names {
+            self.domains[name].root.shadowed_wildcards(&mut out);
+        }
+        let rules = self.rules();
+        for rule in rules.iter().filter(|r| r.shadow_mode) {
+            for replaced in &rule.replaces {
+                let enforced = rules.iter().find(|r| {
+                    r.domain == rule.domain
+                        && r.name.as_deref() == Some(replaced)
+                        && !r.shadow_mode
+                        && !r.is_unlimited()
+                });
+                if let Some(enforced) = enforced {
+                    let at = rule
+                        .source
+                        .as_ref()
+                        .map_or(String::new(), |s| format!("{s}: "));
+                    out.push(format!(
+                        "{at}{} is in shadow mode but replaces {replaced:?} ({}): where both \
+                         apply, neither limit is enforced",
+                        rule.full_key, enforced.full_key
+                    ));
+                }
+            }
+        }
+        out
     }
 
     /// Every configured rule, domain by domain, in a stable order.
@@ -337,4 +563,62 @@ impl Snapshot {
         }
         out
     }
+}
+
+/// The Go service's per-rule metric name where it is not the configured `full_key`:
+/// `detailed_metric` names every level by the request's value (a shared level by its pattern);
+/// otherwise a `value_to_metric` level puts the request's value where the configuration has a
+/// wildcard or nothing.
+fn metric_name<E: Entry>(
+    domain: &str,
+    entries: &[E],
+    path: &[(Matched<'_>, &Node)],
+    rule: &Rule,
+    shared: &[(usize, &str)],
+) -> Option<String> {
+    let pattern_at = |i: usize| shared.iter().find(|(s, _)| *s == i).map(|(_, p)| *p);
+    let mut name = String::from(domain);
+    if rule.detailed_metric {
+        for (i, e) in entries.iter().enumerate() {
+            name.push('.');
+            name.push_str(e.key());
+            match pattern_at(i) {
+                Some(pattern) => {
+                    name.push('_');
+                    name.push_str(pattern);
+                }
+                // Go writes `key_` even for an empty value here (and not on the shared path).
+                None if shared.is_empty() => {
+                    name.push('_');
+                    name.push_str(e.value());
+                }
+                None if !e.value().is_empty() => {
+                    name.push('_');
+                    name.push_str(e.value());
+                }
+                None => {}
+            }
+        }
+        return Some(name);
+    }
+    if !path.iter().any(|(_, node)| node.value_to_metric) {
+        return None;
+    }
+    for ((matched, node), e) in path.iter().zip(entries) {
+        let value = match matched {
+            Matched::Wildcard(pattern) if node.share_threshold => pattern,
+            Matched::Wildcard(_) if node.value_to_metric => e.value(),
+            Matched::Wildcard(pattern) => pattern,
+            Matched::Exact => e.value(),
+            Matched::Default if node.value_to_metric => e.value(),
+            Matched::Default => "",
+        };
+        name.push('.');
+        name.push_str(e.key());
+        if !value.is_empty() {
+            name.push('_');
+            name.push_str(value);
+        }
+    }
+    (name != rule.full_key).then_some(name)
 }

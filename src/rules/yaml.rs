@@ -1,5 +1,6 @@
-//! The rules file as written: envoyproxy/ratelimit's format plus `algorithm` and `burst` inside
-//! `rate_limit`. Every field keeps its line (`Spanned`) so that a validation error can point at it;
+//! The rules file as written: envoyproxy/ratelimit's format (every field it accepts, including
+//! `quota_mode`, `value_to_metric`, `share_threshold` and `metadata`) plus `algorithm` and `burst`
+//! inside `rate_limit`. Every field keeps its line (`Spanned`) so that a validation error can point at it;
 //! unknown keys and duplicate keys are refused by the parser, the rest is checked in `build`.
 
 use std::collections::HashMap;
@@ -29,7 +30,12 @@ struct DescriptorYaml {
     rate_limit: Option<Spanned<RateLimitYaml>>,
     descriptors: Option<Vec<Spanned<DescriptorYaml>>>,
     shadow_mode: Option<bool>,
+    quota_mode: Option<bool>,
     detailed_metric: Option<bool>,
+    value_to_metric: Option<bool>,
+    share_threshold: Option<Spanned<bool>>,
+    /// Arbitrary, handed back to Envoy in the response's dynamic metadata.
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,14 +74,22 @@ pub(crate) fn build(
     let mut root = Level::default();
     let descriptors = parsed.descriptors.unwrap_or_default();
     ctx.level(&domain.value, &domain.value, "", descriptors, &mut root);
-    Some(Domain {
-        name: domain.value,
-        source: Source {
+    Some(Domain::new(
+        domain.value,
+        Source {
             file: file.clone(),
             line: domain.referenced.line(),
         },
         root,
-    })
+    ))
+}
+
+/// The descriptor-level settings a rule carries.
+struct Flags {
+    shadow_mode: bool,
+    quota_mode: bool,
+    detailed_metric: bool,
+    metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 struct Ctx<'a> {
@@ -144,15 +158,33 @@ impl Ctx<'_> {
             } else {
                 format!("{parent_key}.{key}_{value}")
             };
-            let shadow_mode = d.shadow_mode.unwrap_or(false);
-            let detailed_metric = d.detailed_metric.unwrap_or(false);
-            let rule = d.rate_limit.and_then(|rl| {
-                self.rule(domain, &full_key, &here, rl, shadow_mode, detailed_metric)
-            });
+            let share_threshold = match d.share_threshold {
+                Some(share) if share.value && !value.contains('*') => {
+                    self.error(
+                        share.referenced.line(),
+                        format!("{here}.share_threshold"),
+                        format!("only applies to a wildcard value (containing '*'), not {value:?}"),
+                    );
+                    false
+                }
+                Some(share) => share.value,
+                None => false,
+            };
+            let flags = Flags {
+                shadow_mode: d.shadow_mode.unwrap_or(false),
+                quota_mode: d.quota_mode.unwrap_or(false),
+                detailed_metric: d.detailed_metric.unwrap_or(false),
+                metadata: d.metadata.filter(|m| !m.is_empty()).map(Arc::new),
+            };
+            let rule = d
+                .rate_limit
+                .and_then(|rl| self.rule(domain, &full_key, &here, rl, flags));
             let mut node = Node {
                 rule: rule.map(Arc::new),
                 children: Level::default(),
                 source: self.source(key_line),
+                share_threshold,
+                value_to_metric: d.value_to_metric.unwrap_or(false),
             };
             if let Some(children) = d.descriptors {
                 self.level(
@@ -180,8 +212,7 @@ impl Ctx<'_> {
         full_key: &str,
         here: &str,
         spanned: Spanned<RateLimitYaml>,
-        shadow_mode: bool,
-        detailed_metric: bool,
+        flags: Flags,
     ) -> Option<Rule> {
         let line = spanned.referenced.line();
         let field = |name: &str| format!("{here}.rate_limit.{name}");
@@ -322,8 +353,10 @@ impl Ctx<'_> {
             unit,
             name,
             replaces,
-            shadow_mode,
-            detailed_metric,
+            shadow_mode: flags.shadow_mode,
+            quota_mode: flags.quota_mode,
+            detailed_metric: flags.detailed_metric,
+            metadata: flags.metadata,
             source: Some(self.source(line)),
         })
     }

@@ -21,10 +21,12 @@ use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::algorithm::ChargeMode;
 use crate::clock::Clock;
 use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::pb::RateLimitServiceServer;
 use crate::rules::{self, RulesError};
+use crate::service::response::HeaderNames;
 use crate::service::{Decider, RlsService, ServiceConfig, admin};
 use crate::settings::{Settings, StoreKind};
 use crate::store::redis::{RedisConfig, SentinelAuth, Topology};
@@ -92,10 +94,13 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         settings.near_limit_ratio,
         settings.max_detailed_series,
     ));
-    let snapshot = rules::load_dir(&settings.config).map_err(|source| StartError::Rules {
-        dir: settings.config.display().to_string(),
-        source,
-    })?;
+    let snapshot =
+        rules::load_dir(&settings.config, settings.load_options()).map_err(|source| {
+            StartError::Rules {
+                dir: settings.config.display().to_string(),
+                source,
+            }
+        })?;
     tracing::info!(
         files = snapshot.files.len(),
         domains = ?snapshot.domain_names(),
@@ -134,7 +139,20 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     let limiter = Arc::new(limiter);
     let config = ServiceConfig {
         response_headers: settings.response_headers,
+        header_names: HeaderNames {
+            limit: settings.header_limit_name.clone(),
+            remaining: settings.header_remaining_name.clone(),
+            reset: settings.header_reset_name.clone(),
+        },
         global_shadow_mode: settings.shadow_mode,
+        global_quota_mode: settings.quota_mode,
+        charge: if settings.stop_charging_when_over {
+            ChargeMode::AllOrNothing
+        } else {
+            ChargeMode::EachAlone
+        },
+        dynamic_metadata: settings.response_dynamic_metadata,
+        override_algorithm: settings.override_algorithm,
         max_descriptors: settings.max_descriptors,
         max_entries: settings.max_entries,
         max_string_bytes: settings.max_string_bytes,
@@ -232,6 +250,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         rules,
         metrics: metrics.clone(),
         allow_removal: settings.allow_rules_removal,
+        options: settings.load_options(),
     };
     tasks.push(watch::spawn(
         Arc::new(rules_watch),

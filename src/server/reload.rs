@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use super::watch::{Refusal, Watched};
-use crate::rules::{self, RuleFiles, Snapshot};
+use crate::rules::{self, LoadOptions, RuleFiles, Snapshot};
 use crate::telemetry::{Metrics, ResultLabels};
 
 pub struct RulesWatch {
@@ -20,6 +20,7 @@ pub struct RulesWatch {
     pub metrics: Arc<Metrics>,
     /// Accept a set that removes domains in service (or leaves none).
     pub allow_removal: bool,
+    pub options: LoadOptions,
 }
 
 impl RulesWatch {
@@ -46,7 +47,7 @@ impl Watched for RulesWatch {
     }
 
     fn apply(&self, files: RuleFiles) -> Result<String, Refusal> {
-        let snapshot = match rules::parse(&files) {
+        let snapshot = match rules::parse(&files, self.options) {
             Ok(snapshot) => snapshot,
             Err(e) => {
                 self.count("error");

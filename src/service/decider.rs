@@ -8,8 +8,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tonic::Status;
 
-use super::response::{self, HeadersMode, Planned};
-use crate::algorithm::{Algorithm, Check, Limit, key};
+use super::response::{self, HeaderNames, HeadersMode, Planned};
+use crate::algorithm::{Algorithm, ChargeMode, Check, Decision, Limit, key};
 use crate::limiter::Limiter;
 use crate::pb::{
     RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit, rate_limit_descriptor,
@@ -30,8 +30,20 @@ impl Entry for rate_limit_descriptor::Entry {
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
     pub response_headers: HeadersMode,
+    /// Names for the three rate-limit headers, replacing the mode's (the Go service's
+    /// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+    pub header_names: HeaderNames,
     /// Never answer OVER_LIMIT overall (counts still happen).
     pub global_shadow_mode: bool,
+    /// Every limit is a quota (see `quota_mode`).
+    pub global_quota_mode: bool,
+    /// How a call's descriptors are charged (all or nothing: the Go service's
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
+    pub charge: ChargeMode,
+    /// Describe the call in the response's dynamic metadata (`RESPONSE_DYNAMIC_METADATA`).
+    pub dynamic_metadata: bool,
+    /// The algorithm of limits a request carries (the Go service counts them in fixed windows).
+    pub override_algorithm: Algorithm,
     pub max_descriptors: usize,
     pub max_entries: usize,
     /// Longest domain, key or value, in bytes.
@@ -42,7 +54,12 @@ impl Default for ServiceConfig {
     fn default() -> Self {
         Self {
             response_headers: HeadersMode::Off,
+            header_names: HeaderNames::default(),
             global_shadow_mode: false,
+            global_quota_mode: false,
+            charge: ChargeMode::EachAlone,
+            dynamic_metadata: false,
+            override_algorithm: Algorithm::FixedWindow,
             max_descriptors: 512,
             max_entries: 64,
             max_string_bytes: 1024,
@@ -87,14 +104,22 @@ impl Decider {
         let mut planned: Vec<Planned> = request
             .descriptors
             .iter()
-            .map(|d| plan(&rules, &request.domain, d, request_hits))
+            .map(|d| {
+                plan(
+                    &rules,
+                    &request.domain,
+                    d,
+                    request_hits,
+                    self.config.override_algorithm,
+                )
+            })
             .collect();
         apply_replaces(&mut planned);
 
         let checks: Vec<Check> = planned.iter().filter_map(|p| p.check.clone()).collect();
         let decisions = self
             .limiter
-            .check(&checks)
+            .check(&checks, self.config.charge)
             .await
             .map_err(|e| Status::unavailable(format!("rate-limit store: {e}")))?;
         if decisions.len() != checks.len() {
@@ -108,17 +133,17 @@ impl Decider {
         for p in planned.iter_mut().filter(|p| p.check.is_some()) {
             p.decision = decisions.next();
         }
-        self.count(&request.domain, &request.descriptors, &planned);
-        Ok(response::build(&planned, &self.config))
+        self.count(&request.domain, &planned);
+        Ok(response::build(request, &planned, &self.config))
     }
 
-    /// Per-rule metrics, as envoyproxy/ratelimit counts them: in hits, not calls.
-    fn count(&self, domain: &str, descriptors: &[RateLimitDescriptor], planned: &[Planned]) {
+    /// Per-rule metrics, as envoyproxy/ratelimit counts them: in hits, not calls, limited rules
+    /// only. Refunds are counted apart: they are not hits.
+    fn count(&self, domain: &str, planned: &[Planned]) {
         if planned.iter().any(|p| p.unknown_domain) {
             self.metrics.unknown_domain.inc();
         }
-        for (p, d) in planned.iter().zip(descriptors) {
-            // Like the Go service, only limited rules are counted per rule.
+        for p in planned {
             let Some(rule) = p.rule.as_ref().filter(|r| !r.is_unlimited()) else {
                 continue;
             };
@@ -126,47 +151,62 @@ impl Decider {
                 domain: domain.to_owned(),
                 rule: rule.full_key.clone(),
             };
-            let labels = if rule.detailed_metric {
-                let detailed = RuleLabels {
-                    domain: domain.to_owned(),
-                    rule: detailed_full_key(domain, &d.entries),
-                };
-                self.metrics.detailed_labels(detailed, configured)
-            } else {
-                configured
+            // A name made of request values (detailed_metric, value_to_metric) is capped.
+            let labels = match &p.metric_name {
+                Some(name) => {
+                    let per_value = RuleLabels {
+                        domain: domain.to_owned(),
+                        rule: name.clone(),
+                    };
+                    self.metrics.detailed_labels(per_value, configured)
+                }
+                None => configured,
             };
             // Counters are u64; a pathological hits_addend must not wrap them.
             let hits = p.hits.min(u64::from(u32::MAX));
+            if p.refund {
+                self.metrics
+                    .rule_refunded
+                    .get_or_create(&labels)
+                    .inc_by(hits);
+                continue;
+            }
             self.metrics.rule_hits.get_or_create(&labels).inc_by(hits);
             let Some(decision) = p.decision else { continue };
-            match decision {
-                decision if decision.allowed => {
+            if decision.allowed {
+                self.metrics
+                    .rule_within_limit
+                    .get_or_create(&labels)
+                    .inc_by(hits);
+                let near = self.near_limit_hits(&decision, hits);
+                if near > 0 {
                     self.metrics
-                        .rule_within_limit
+                        .rule_near_limit
                         .get_or_create(&labels)
-                        .inc_by(hits);
-                    let used = decision.limit.saturating_sub(decision.remaining) as f64;
-                    if used > decision.limit as f64 * self.metrics.near_limit_ratio {
-                        self.metrics
-                            .rule_near_limit
-                            .get_or_create(&labels)
-                            .inc_by(hits);
-                    }
+                        .inc_by(near);
                 }
-                _ => {
+            } else {
+                self.metrics
+                    .rule_over_limit
+                    .get_or_create(&labels)
+                    .inc_by(hits);
+                if rule.shadow_mode {
                     self.metrics
-                        .rule_over_limit
+                        .rule_shadow_mode
                         .get_or_create(&labels)
                         .inc_by(hits);
-                    if rule.shadow_mode {
-                        self.metrics
-                            .rule_shadow_mode
-                            .get_or_create(&labels)
-                            .inc_by(hits);
-                    }
                 }
             }
         }
+    }
+
+    /// The hits of an admitted request that landed above the near-limit threshold, as the Go
+    /// service counts them: with a limit of 8 (threshold 6), a counter at 5 and 2 more hits, one.
+    fn near_limit_hits(&self, decision: &Decision, hits: u64) -> u64 {
+        let threshold = (decision.limit as f64 * self.metrics.near_limit_ratio).floor() as u64;
+        let after = decision.limit.saturating_sub(decision.remaining);
+        let before = after.saturating_sub(hits);
+        after.saturating_sub(threshold.max(before))
     }
 
     /// Refuses a string longer than the cap, naming the field (built only when it is refused).
@@ -223,7 +263,7 @@ impl Decider {
                 && override_unit(limit.unit).is_none()
             {
                 return Err(Status::invalid_argument(format!(
-                    "descriptors[{i}].limit.unit must be one of SECOND, MINUTE, HOUR, DAY, MONTH, YEAR (got {})",
+                    "descriptors[{i}].limit.unit must be one of SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR (got {})",
                     limit.unit
                 )));
             }
@@ -256,74 +296,85 @@ fn override_unit(unit: i32) -> Option<Unit> {
         RateLimitUnit::Minute => Some(Unit::Minute),
         RateLimitUnit::Hour => Some(Unit::Hour),
         RateLimitUnit::Day => Some(Unit::Day),
+        RateLimitUnit::Week => Some(Unit::Week),
         RateLimitUnit::Month => Some(Unit::Month),
         RateLimitUnit::Year => Some(Unit::Year),
     }
 }
 
-/// Resolves one descriptor: which rule, what it costs, which counter.
-fn plan(rules: &Snapshot, domain: &str, d: &RateLimitDescriptor, request_hits: u64) -> Planned {
+/// Resolves one descriptor: which rule, what it costs, which counter, which metric name.
+fn plan(
+    rules: &Snapshot,
+    domain: &str,
+    d: &RateLimitDescriptor,
+    request_hits: u64,
+    override_algorithm: Algorithm,
+) -> Planned {
     // A per-descriptor hits_addend wins when present, even 0 ("check only").
     let hits = d.hits_addend.unwrap_or(request_hits);
     let lookup = rules.resolve(domain, &d.entries);
-    let rule: Option<Arc<Rule>> = match (lookup, &d.limit) {
+    let unknown_domain = matches!(lookup, Lookup::UnknownDomain);
+    let (rule, shared, metric_name) = match (lookup, &d.limit) {
         // Like the Go service, an override needs a known domain.
-        (Lookup::UnknownDomain, _) => None,
-        (_, Some(o)) => override_unit(o.unit).map(|unit| {
-            Arc::new(Rule {
-                full_key: override_full_key(domain, &d.entries),
-                domain: domain.to_owned(),
-                limit: Some(Limit {
-                    algorithm: Algorithm::default(),
-                    requests: u64::from(o.requests_per_unit),
-                    window_us: unit.window_us(),
-                    burst: u64::from(o.requests_per_unit),
-                }),
-                requests_per_unit: o.requests_per_unit,
-                unit: Some(unit),
-                name: None,
-                replaces: Vec::new(),
-                shadow_mode: false,
-                detailed_metric: false,
-                source: None,
-            })
-        }),
-        (Lookup::Rule(rule), None) => Some(rule.clone()),
-        (Lookup::NoRule, None) => None,
+        (Lookup::UnknownDomain, _) => (None, Vec::new(), None),
+        (_, Some(o)) => {
+            let rule = override_unit(o.unit).map(|unit| {
+                Arc::new(Rule {
+                    full_key: override_full_key(domain, &d.entries),
+                    domain: domain.to_owned(),
+                    limit: Some(Limit {
+                        algorithm: override_algorithm,
+                        requests: u64::from(o.requests_per_unit),
+                        window_us: unit.window_us(),
+                        burst: u64::from(o.requests_per_unit),
+                    }),
+                    requests_per_unit: o.requests_per_unit,
+                    unit: Some(unit),
+                    name: None,
+                    replaces: Vec::new(),
+                    shadow_mode: false,
+                    quota_mode: false,
+                    detailed_metric: false,
+                    metadata: None,
+                    source: None,
+                })
+            });
+            (rule, Vec::new(), None)
+        }
+        (Lookup::Rule(resolved), None) => (
+            Some(resolved.rule.clone()),
+            resolved.shared,
+            resolved.metric_name,
+        ),
+        (Lookup::NoRule, None) => (None, Vec::new(), None),
     };
     let check = rule.as_ref().and_then(|rule| {
         rule.limit.map(|limit| Check {
-            key: key::counter_key(
+            key: key::counter_key_parts(
                 domain,
-                d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
+                d.entries.iter().enumerate().map(|(i, e)| {
+                    match shared.iter().find(|(at, _)| *at == i) {
+                        Some((_, pattern)) => (e.key.as_str(), *pattern, true),
+                        None => (e.key.as_str(), e.value.as_str(), false),
+                    }
+                }),
                 &limit,
                 d.limit.as_ref().map(|o| u64::from(o.requests_per_unit)),
             ),
             limit,
             hits,
+            refund: d.is_negative_hits,
         })
     });
     Planned {
         rule,
         check,
         hits,
+        refund: d.is_negative_hits,
+        metric_name,
         decision: None,
-        unknown_domain: matches!(lookup, Lookup::UnknownDomain),
+        unknown_domain,
     }
-}
-
-/// `domain.key_value.key`: the Go service's per-value name of a `detailed_metric` rule.
-fn detailed_full_key(domain: &str, entries: &[rate_limit_descriptor::Entry]) -> String {
-    let mut full = String::from(domain);
-    for e in entries {
-        full.push('.');
-        full.push_str(&e.key);
-        if !e.value.is_empty() {
-            full.push('_');
-            full.push_str(&e.value);
-        }
-    }
-    full
 }
 
 /// `domain.key.key`: a request-carried limit is named by its keys only. (The Go service puts the

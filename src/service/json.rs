@@ -31,6 +31,8 @@ struct DescriptorJson {
     limit: Option<OverrideJson>,
     #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
     hits_addend: Option<Number>,
+    #[serde(default, alias = "is_negative_hits", rename = "isNegativeHits")]
+    is_negative_hits: bool,
 }
 
 #[derive(Deserialize)]
@@ -79,7 +81,9 @@ fn unit_from_json(value: &Value) -> Result<i32, String> {
         Value::String(s) => RateLimitUnit::from_str_name(s)
             .map(|u| u as i32)
             .ok_or_else(|| {
-                format!("limit.unit: {s:?} is not one of SECOND, MINUTE, HOUR, DAY, MONTH, YEAR")
+                format!(
+                    "limit.unit: {s:?} is not one of SECOND, MINUTE, HOUR, DAY, WEEK, MONTH, YEAR"
+                )
             }),
         other => Err(format!("limit.unit: {other} is not a unit")),
     }
@@ -125,6 +129,7 @@ pub fn request_from_json(body: &[u8]) -> Result<RateLimitRequest, String> {
                 .hits_addend
                 .map(|n| n.get(&format!("descriptors[{i}].hitsAddend")))
                 .transpose()?,
+            is_negative_hits: d.is_negative_hits,
         });
     }
     Ok(RateLimitRequest {

@@ -1,11 +1,13 @@
 //! Turning decisions into Envoy's response: one status per descriptor in request order, the
-//! overall code, and the optional rate-limit headers.
+//! overall code (quota descriptors and shadow mode as the Go service weighs them), the optional
+//! rate-limit headers, and the optional dynamic metadata.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::decider::ServiceConfig;
 use crate::algorithm::{Check, Decision};
-use crate::pb::{HeaderValue, RateLimitResponse, rate_limit_response};
+use crate::pb::{HeaderValue, RateLimitRequest, RateLimitResponse, rate_limit_response};
 use crate::rules::{Rule, Unit};
 
 use rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
@@ -23,12 +25,24 @@ pub enum HeadersMode {
     Ietf,
 }
 
+/// The three headers' names, when the operator renames them (`None`: the mode's own).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: Option<String>,
+    pub remaining: Option<String>,
+    pub reset: Option<String>,
+}
+
 /// One descriptor of a call, from resolution to decision.
 #[derive(Debug)]
 pub struct Planned {
     pub rule: Option<Arc<Rule>>,
     pub check: Option<Check>,
     pub hits: u64,
+    /// The hits are given back (`is_negative_hits`).
+    pub refund: bool,
+    /// The per-rule metric name when it is made of request values.
+    pub metric_name: Option<String>,
     pub decision: Option<Decision>,
     pub unknown_domain: bool,
 }
@@ -89,22 +103,52 @@ fn status(p: &Planned) -> DescriptorStatus {
             seconds: reset,
             nanos: 0,
         }),
+        quota: None,
     }
 }
 
-pub fn build(planned: &[Planned], config: &super::decider::ServiceConfig) -> RateLimitResponse {
+/// Whether a descriptor counts as a quota: over its limit alone it does not refuse the call.
+fn is_quota(p: &Planned, config: &ServiceConfig) -> bool {
+    p.decision.is_some()
+        && (config.global_quota_mode || p.rule.as_ref().is_some_and(|r| r.quota_mode))
+}
+
+pub fn build(
+    request: &RateLimitRequest,
+    planned: &[Planned],
+    config: &ServiceConfig,
+) -> RateLimitResponse {
     let statuses: Vec<DescriptorStatus> = planned.iter().map(status).collect();
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
-    let overall = if over && !config.global_shadow_mode {
+    // As the Go service decides: OVER_LIMIT when an ordinary descriptor is over, or when every
+    // quota descriptor of the call is.
+    let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
+    let (mut quotas, mut quotas_over, mut ordinary_over) = (0, 0, 0);
+    for (p, s) in planned.iter().zip(&statuses) {
+        match (is_quota(p, config), over(s)) {
+            (true, true) => {
+                quotas += 1;
+                quotas_over += 1;
+            }
+            (true, false) => quotas += 1,
+            (false, true) => ordinary_over += 1,
+            (false, false) => {}
+        }
+    }
+    let refused = ordinary_over > 0 || (quotas > 0 && quotas == quotas_over);
+    let overall = if refused && !config.global_shadow_mode {
         Code::OverLimit
     } else {
         Code::Ok
     };
-    let response_headers_to_add = headers(config.response_headers, planned, &statuses, over);
+    let response_headers_to_add = headers(config, planned, &statuses, refused);
+    let dynamic_metadata = config
+        .dynamic_metadata
+        .then(|| metadata::describe(request, planned, &statuses));
     RateLimitResponse {
         overall_code: overall as i32,
         statuses,
         response_headers_to_add,
+        dynamic_metadata,
         ..Default::default()
     }
 }
@@ -117,15 +161,16 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
-/// The headers Envoy would compute: from the status with the least remaining, the limit line
-/// listing every limit that applied as `<requests>;w=<window seconds>[;name="<name>"]`.
+/// The headers Envoy would compute: from the descriptor over its limit when one refuses the call
+/// (the last one, as the Go service picks it), else the one with the least remaining; the limit
+/// line listing every limit that applied as `<requests>;w=<window seconds>[;name="<name>"]`.
 fn headers(
-    mode: HeadersMode,
+    config: &ServiceConfig,
     planned: &[Planned],
     statuses: &[DescriptorStatus],
-    over: bool,
+    refused: bool,
 ) -> Vec<HeaderValue> {
-    let names = match mode {
+    let defaults = match config.response_headers {
         HeadersMode::Off => return Vec::new(),
         HeadersMode::Draft03 => [
             "x-ratelimit-limit",
@@ -134,13 +179,23 @@ fn headers(
         ],
         HeadersMode::Ietf => ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"],
     };
+    let named = &config.header_names;
+    let names = [
+        named.limit.as_deref().unwrap_or(defaults[0]),
+        named.remaining.as_deref().unwrap_or(defaults[1]),
+        named.reset.as_deref().unwrap_or(defaults[2]),
+    ];
     let limited: Vec<(&Planned, &DescriptorStatus, &RateLimit)> = planned
         .iter()
         .zip(statuses)
         .filter_map(|(p, s)| s.current_limit.as_ref().map(|l| (p, s, l)))
         .collect();
-    let Some(&(_, tightest, tightest_limit)) =
-        limited.iter().min_by_key(|(_, s, _)| s.limit_remaining)
+    let refusing = limited
+        .iter()
+        .rev()
+        .find(|(p, s, _)| s.code == Code::OverLimit as i32 && !is_quota(p, config));
+    let Some(&(_, source, source_limit)) =
+        refusing.or_else(|| limited.iter().min_by_key(|(_, s, _)| s.limit_remaining))
     else {
         return Vec::new();
     };
@@ -159,28 +214,25 @@ fn headers(
             policy
         })
         .collect();
-    let reset = tightest.duration_until_reset.map_or(0, |d| d.seconds);
+    let reset = source.duration_until_reset.map_or(0, |d| d.seconds);
     let mut out = Vec::with_capacity(5);
-    match mode {
+    match config.response_headers {
         HeadersMode::Draft03 => out.push(header(
             names[0],
             format!(
                 "{}, {}",
-                tightest_limit.requests_per_unit,
+                source_limit.requests_per_unit,
                 policies.join(", ")
             ),
         )),
         _ => {
-            out.push(header(
-                names[0],
-                tightest_limit.requests_per_unit.to_string(),
-            ));
+            out.push(header(names[0], source_limit.requests_per_unit.to_string()));
             out.push(header("ratelimit-policy", policies.join(", ")));
         }
     }
-    out.push(header(names[1], tightest.limit_remaining.to_string()));
+    out.push(header(names[1], source.limit_remaining.to_string()));
     out.push(header(names[2], reset.to_string()));
-    if over {
+    if refused {
         // The longest wait among the descriptors that refused: only then would the request pass.
         let wait = planned
             .iter()
@@ -193,4 +245,140 @@ fn headers(
         out.push(header("retry-after", wait.to_string()));
     }
     out
+}
+
+/// The response's dynamic metadata, as the Go service writes it with `RESPONSE_DYNAMIC_METADATA`:
+/// the domain, each descriptor (`entries` as `key=value` strings, its `limit` override and
+/// `hitsAddend` when set), the request's `hitsAddend` when not 0, and `metadata`: the rules'
+/// `metadata` of the descriptors that passed, merged (the first one wins a conflict; maps merge).
+mod metadata {
+    use std::collections::BTreeMap;
+
+    use prost_types::{ListValue, Struct, Value, value::Kind};
+
+    use super::{Code, DescriptorStatus, Planned};
+    use crate::pb::{RateLimitRequest, RateLimitUnit};
+
+    fn text(s: impl Into<String>) -> Value {
+        Value {
+            kind: Some(Kind::StringValue(s.into())),
+        }
+    }
+
+    fn number(n: f64) -> Value {
+        Value {
+            kind: Some(Kind::NumberValue(n)),
+        }
+    }
+
+    fn object(fields: BTreeMap<String, Value>) -> Value {
+        Value {
+            kind: Some(Kind::StructValue(Struct { fields })),
+        }
+    }
+
+    fn list(values: Vec<Value>) -> Value {
+        Value {
+            kind: Some(Kind::ListValue(ListValue { values })),
+        }
+    }
+
+    /// A YAML/JSON value of the rules as a protobuf value.
+    fn from_json(value: &serde_json::Value) -> Value {
+        match value {
+            serde_json::Value::Null => Value {
+                kind: Some(Kind::NullValue(0)),
+            },
+            serde_json::Value::Bool(b) => Value {
+                kind: Some(Kind::BoolValue(*b)),
+            },
+            serde_json::Value::Number(n) => number(n.as_f64().unwrap_or(0.0)),
+            serde_json::Value::String(s) => text(s.clone()),
+            serde_json::Value::Array(items) => list(items.iter().map(from_json).collect()),
+            serde_json::Value::Object(map) => {
+                object(map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect())
+            }
+        }
+    }
+
+    /// Adds `from`'s fields to `into`: fields already there stay, except that two maps merge.
+    fn merge(into: &mut BTreeMap<String, Value>, from: BTreeMap<String, Value>) {
+        for (key, value) in from {
+            match (into.get_mut(&key), value) {
+                (
+                    Some(Value {
+                        kind: Some(Kind::StructValue(ours)),
+                    }),
+                    Value {
+                        kind: Some(Kind::StructValue(theirs)),
+                    },
+                ) => merge(&mut ours.fields, theirs.fields),
+                (Some(_), _) => {}
+                (None, value) => {
+                    into.insert(key, value);
+                }
+            }
+        }
+    }
+
+    pub(super) fn describe(
+        request: &RateLimitRequest,
+        planned: &[Planned],
+        statuses: &[DescriptorStatus],
+    ) -> Struct {
+        let mut fields = BTreeMap::new();
+        fields.insert("domain".to_owned(), text(request.domain.clone()));
+        let descriptors = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                let mut fields = BTreeMap::new();
+                let entries = d
+                    .entries
+                    .iter()
+                    .map(|e| text(format!("{}={}", e.key, e.value)))
+                    .collect();
+                fields.insert("entries".to_owned(), list(entries));
+                if let Some(limit) = &d.limit {
+                    let unit =
+                        RateLimitUnit::try_from(limit.unit).map_or("UNKNOWN", |u| u.as_str_name());
+                    fields.insert(
+                        "limit".to_owned(),
+                        text(format!(
+                            "requests_per_unit:{} unit:{unit}",
+                            limit.requests_per_unit
+                        )),
+                    );
+                }
+                if let Some(hits) = d.hits_addend {
+                    fields.insert("hitsAddend".to_owned(), number(hits as f64));
+                }
+                object(fields)
+            })
+            .collect();
+        fields.insert("descriptors".to_owned(), list(descriptors));
+        if request.hits_addend != 0 {
+            fields.insert(
+                "hitsAddend".to_owned(),
+                number(f64::from(request.hits_addend)),
+            );
+        }
+        let mut passed = BTreeMap::new();
+        for (p, s) in planned.iter().zip(statuses) {
+            let limited = p.rule.as_ref().filter(|r| !r.is_unlimited());
+            if let Some(meta) = limited.and_then(|r| r.metadata.as_ref())
+                && s.code != Code::OverLimit as i32
+            {
+                let from = meta
+                    .iter()
+                    .map(|(k, v)| (k.clone(), from_json(v)))
+                    .collect();
+                merge(&mut passed, from);
+            }
+        }
+        if !passed.is_empty() {
+            fields.insert("metadata".to_owned(), object(passed));
+        }
+        Struct { fields }
+    }
 }

@@ -8,13 +8,13 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{Store, StoreFuture};
-use crate::algorithm::{self, Check, Decision, State};
+use crate::algorithm::{self, ChargeMode, Check, Decision, State};
 use crate::clock::Clock;
 
 const SHARDS: usize = 64;
@@ -42,48 +42,59 @@ impl MemoryStore {
         })
     }
 
-    fn shard(&self, key: &str) -> &Shard {
-        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
-        &self.shards[index]
+    fn shard_index(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) as usize) % self.shards.len()
     }
 
-    /// Runs one check at `now_us`. Public so that model tests can drive exact clock readings.
-    pub fn check_at(&self, check: &Check, now_us: u64) -> Decision {
+    fn lock(&self, index: usize) -> MutexGuard<'_, HashMap<String, Entry>> {
         // A poisoned shard only means another call panicked mid-update; the map is still sound.
-        let mut shard = self
-            .shard(&check.key)
+        self.shards[index]
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let fresh = || State::empty(check.limit.algorithm);
-        let entry = shard.get_mut(check.key.as_str());
-        let mut state = match entry {
-            Some(entry) if entry.expires_at_us > now_us => {
-                std::mem::replace(&mut entry.state, fresh())
-            }
-            _ => fresh(),
-        };
-        let outcome = algorithm::apply(&mut state, now_us, &check.limit, check.hits);
-        if outcome.keep_for_us == 0 {
-            shard.remove(check.key.as_str());
-        } else {
-            let expires_at_us = now_us.saturating_add(outcome.keep_for_us);
-            match shard.get_mut(check.key.as_str()) {
-                Some(entry) => {
-                    entry.state = state;
-                    entry.expires_at_us = expires_at_us;
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs one check at `now_us`, charged (or refunded). Public so that model tests can drive
+    /// exact clock readings.
+    pub fn check_at(&self, check: &Check, now_us: u64) -> Decision {
+        let mut shard = self.lock(self.shard_index(&check.key));
+        run_in(&mut shard, check, now_us, true)
+    }
+
+    /// Runs a call's checks at `now_us` as `mode` says. All or nothing holds every shard the call
+    /// touches, locked in index order (so two calls never wait on each other in a circle), while
+    /// it looks and then charges: no other call sees a half-charged call.
+    pub fn check_all_at(&self, checks: &[Check], now_us: u64, mode: ChargeMode) -> Vec<Decision> {
+        match mode {
+            ChargeMode::EachAlone => checks.iter().map(|c| self.check_at(c, now_us)).collect(),
+            ChargeMode::Probe => checks
+                .iter()
+                .map(|c| run_in(&mut self.lock(self.shard_index(&c.key)), c, now_us, false))
+                .collect(),
+            ChargeMode::AllOrNothing => {
+                let mut indices: Vec<usize> =
+                    checks.iter().map(|c| self.shard_index(&c.key)).collect();
+                indices.sort_unstable();
+                indices.dedup();
+                let mut guards: Vec<_> = indices.iter().map(|&i| self.lock(i)).collect();
+                let position = |check: &Check| {
+                    indices
+                        .binary_search(&self.shard_index(&check.key))
+                        .unwrap_or(0)
+                };
+                let mut all = true;
+                for check in checks.iter().filter(|c| !c.refund) {
+                    let looked = run_in(&mut guards[position(check)], check, now_us, false);
+                    all &= looked.allowed;
                 }
-                None => {
-                    shard.insert(
-                        check.key.clone(),
-                        Entry {
-                            state,
-                            expires_at_us,
-                        },
-                    );
-                }
+                checks
+                    .iter()
+                    .map(|check| {
+                        let commit = all || check.refund;
+                        run_in(&mut guards[position(check)], check, now_us, commit)
+                    })
+                    .collect()
             }
         }
-        outcome.decision
     }
 
     /// Removes every expired entry; returns how many were removed.
@@ -131,12 +142,61 @@ impl MemoryStore {
     }
 }
 
+/// Runs one check on a locked shard: charges or refunds when `commit`, else only looks. An entry
+/// whose state is back to empty is removed.
+fn run_in(
+    shard: &mut HashMap<String, Entry>,
+    check: &Check,
+    now_us: u64,
+    commit: bool,
+) -> Decision {
+    let fresh = || State::empty(check.limit.algorithm);
+    let mut state = match shard.get_mut(check.key.as_str()) {
+        Some(entry) if entry.expires_at_us > now_us && commit => {
+            std::mem::replace(&mut entry.state, fresh())
+        }
+        Some(entry) if entry.expires_at_us > now_us => entry.state.clone(),
+        _ => fresh(),
+    };
+    let outcome = algorithm::run(&mut state, now_us, check, commit);
+    if !commit {
+        return outcome.decision;
+    }
+    if outcome.keep_for_us == 0 {
+        shard.remove(check.key.as_str());
+    } else {
+        let expires_at_us = now_us.saturating_add(outcome.keep_for_us);
+        match shard.get_mut(check.key.as_str()) {
+            Some(entry) => {
+                entry.state = state;
+                entry.expires_at_us = expires_at_us;
+            }
+            None => {
+                shard.insert(
+                    check.key.clone(),
+                    Entry {
+                        state,
+                        expires_at_us,
+                    },
+                );
+            }
+        }
+    }
+    outcome.decision
+}
+
 impl Store for Arc<MemoryStore> {
-    fn check<'a>(&'a self, checks: &'a [Check], _deadline: Instant) -> StoreFuture<'a> {
+    fn check<'a>(
+        &'a self,
+        checks: &'a [Check],
+        _deadline: Instant,
+        mode: ChargeMode,
+    ) -> StoreFuture<'a> {
         let now_us = self.clock.now_us();
-        let decisions = checks
-            .iter()
-            .map(|c| Ok(self.check_at(c, now_us)))
+        let decisions = self
+            .check_all_at(checks, now_us, mode)
+            .into_iter()
+            .map(Ok)
             .collect();
         Box::pin(std::future::ready(decisions))
     }
@@ -162,6 +222,7 @@ mod tests {
                 burst: 10,
             },
             hits: 1,
+            refund: false,
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::{Check, Decision};
+use crate::algorithm::{ChargeMode, Check, Decision};
 
 pub use self::redis::RedisStore;
 pub use memory::MemoryStore;
@@ -63,7 +63,13 @@ pub type PingFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + 
 /// one allocation per call is noise beside a gRPC round trip.
 pub trait Store: Send + Sync + 'static {
     /// Runs every check (each atomically) and answers for each, in order, by `deadline`.
-    fn check<'a>(&'a self, checks: &'a [Check], deadline: Instant) -> StoreFuture<'a>;
+    /// (All of them as one step under `ChargeMode::AllOrNothing`, where the store can.)
+    fn check<'a>(
+        &'a self,
+        checks: &'a [Check],
+        deadline: Instant,
+        mode: ChargeMode,
+    ) -> StoreFuture<'a>;
 
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;

@@ -86,6 +86,7 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
             .collect(),
         limit: None,
         hits_addend: None,
+        is_negative_hits: false,
     }
 }
 

@@ -25,7 +25,7 @@ pub use script::ScriptClock;
 
 use self::connection::Backend;
 use super::{Answers, PingFuture, Store, StoreError, StoreFuture};
-use crate::algorithm::{Check, zero_limit_decision};
+use crate::algorithm::{ChargeMode, Check, zero_limit_decision};
 use crate::telemetry::Metrics;
 
 /// Attempts of one check on Cluster (the first and the re-sends where the script did not run).
@@ -152,52 +152,136 @@ impl RedisStore {
 
     /// Runs the checks with the script reading `clock`. Production calls this with
     /// `ScriptClock::RedisTime` only (through `Store::check`); a fixed clock is for tests.
+    ///
+    /// All or nothing is one script on standalone and Sentinel. On Cluster the keys of one call
+    /// live in different slots, so it is two steps: every charge is first looked at (nothing
+    /// written); only if all would pass are they charged, each in its own script. What that
+    /// guarantees: a call refused by a descriptor at the first step charges nothing; a call that
+    /// races another between the two steps may have some of its descriptors charged although
+    /// one of them is then refused (never more admitted than a limit; at worst a little less).
     pub async fn check_with_clock(
         &self,
         checks: &[Check],
         clock: ScriptClock,
         deadline: Instant,
+        mode: ChargeMode,
     ) -> Answers {
         let budget = deadline.saturating_duration_since(Instant::now());
         // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis.
         let counted: Vec<&Check> = checks.iter().filter(|c| c.limit.requests > 0).collect();
         let mut replies: Vec<Result<Value, StoreError>> = match &self.backend {
             Backend::Pool(set) => {
-                self.eval_pooled(set, &counted, clock, deadline, budget)
+                self.eval_pooled(set, &counted, clock, deadline, budget, mode)
                     .await
             }
-            Backend::Cluster(cluster) => {
-                let calls = counted.iter().map(|check| {
-                    let mut conn = cluster.clone();
-                    async move {
-                        match tokio::time::timeout_at(
-                            deadline,
-                            self.eval_cluster(&mut conn, check, clock),
-                        )
+            Backend::Cluster(cluster) => match mode {
+                ChargeMode::AllOrNothing => {
+                    self.all_or_nothing_cluster(cluster, &counted, clock, deadline, budget)
                         .await
-                        {
-                            Ok(Ok(mut values)) => values.pop().ok_or_else(|| {
-                                StoreError::Protocol("script answered no result".into())
-                            }),
-                            Ok(Err(e)) => Err(classify(&e)),
-                            Err(_) => Err(StoreError::Timeout(budget)),
-                        }
-                    }
-                });
-                join_all(calls).await
-            }
+                }
+                mode => {
+                    self.each_on_cluster(cluster, &counted, clock, deadline, budget, mode)
+                        .await
+                }
+            },
         };
         replies.reverse();
         checks
             .iter()
             .map(|check| {
                 if check.limit.requests == 0 {
-                    return Ok(zero_limit_decision(check.hits));
+                    return Ok(zero_limit_decision(if check.refund {
+                        0
+                    } else {
+                        check.hits
+                    }));
                 }
                 let reply = replies.pop().ok_or_else(|| {
                     StoreError::Protocol("script answered fewer results than keys".into())
                 })??;
                 script::decision(check, &reply)
+            })
+            .collect()
+    }
+
+    /// Cluster: each check in its own script call, concurrently, each within the deadline.
+    async fn each_on_cluster(
+        &self,
+        cluster: &redis::cluster_async::ClusterConnection,
+        checks: &[&Check],
+        clock: ScriptClock,
+        deadline: Instant,
+        budget: Duration,
+        mode: ChargeMode,
+    ) -> Vec<Result<Value, StoreError>> {
+        let calls = checks.iter().map(|check| {
+            let mut conn = cluster.clone();
+            async move {
+                let called = tokio::time::timeout_at(
+                    deadline,
+                    self.eval_cluster(&mut conn, check, clock, mode),
+                )
+                .await;
+                match called {
+                    Ok(Ok(mut values)) => values
+                        .pop()
+                        .ok_or_else(|| StoreError::Protocol("script answered no result".into())),
+                    Ok(Err(e)) => Err(classify(&e)),
+                    Err(_) => Err(StoreError::Timeout(budget)),
+                }
+            }
+        });
+        join_all(calls).await
+    }
+
+    /// Cluster, all or nothing: look at every charge, then charge only if all would pass.
+    async fn all_or_nothing_cluster(
+        &self,
+        cluster: &redis::cluster_async::ClusterConnection,
+        checks: &[&Check],
+        clock: ScriptClock,
+        deadline: Instant,
+        budget: Duration,
+    ) -> Vec<Result<Value, StoreError>> {
+        let looked = self
+            .each_on_cluster(cluster, checks, clock, deadline, budget, ChargeMode::Probe)
+            .await;
+        let all_pass = checks.iter().zip(&looked).all(|(check, answer)| {
+            check.refund
+                || answer
+                    .as_ref()
+                    .is_ok_and(|reply| script::allowed(reply).unwrap_or(false))
+        });
+        // Refunds always apply; charges only when every one would pass.
+        let to_run: Vec<&Check> = checks
+            .iter()
+            .copied()
+            .filter(|c| all_pass || c.refund)
+            .collect();
+        let mut ran = self
+            .each_on_cluster(
+                cluster,
+                &to_run,
+                clock,
+                deadline,
+                budget,
+                ChargeMode::EachAlone,
+            )
+            .await
+            .into_iter();
+        checks
+            .iter()
+            .zip(looked)
+            .map(|(check, looked)| {
+                if all_pass || check.refund {
+                    ran.next().unwrap_or_else(|| {
+                        Err(StoreError::Protocol(
+                            "a second step answered too little".into(),
+                        ))
+                    })
+                } else {
+                    looked
+                }
             })
             .collect()
     }
@@ -210,6 +294,7 @@ impl RedisStore {
         clock: ScriptClock,
         deadline: Instant,
         budget: Duration,
+        mode: ChargeMode,
     ) -> Vec<Result<Value, StoreError>> {
         if checks.is_empty() {
             return Vec::new();
@@ -219,7 +304,7 @@ impl RedisStore {
             Err(e) => return vec![Err(e); checks.len()],
         };
         let mut conn = live.conn.clone();
-        let (keys, args) = self.encode(checks, clock);
+        let (keys, args) = self.encode(checks, clock, mode);
         let called =
             tokio::time::timeout_at(deadline, eval(&mut conn, &keys, &args, &Route::BySlot)).await;
         match called {
@@ -252,8 +337,9 @@ impl RedisStore {
         conn: &mut redis::cluster_async::ClusterConnection,
         check: &Check,
         clock: ScriptClock,
+        mode: ChargeMode,
     ) -> Result<Vec<Value>, RedisError> {
-        let (keys, args) = self.encode(&[check], clock);
+        let (keys, args) = self.encode(&[check], clock, mode);
         let mut route = Route::BySlot;
         let mut attempt = 1;
         loop {
@@ -275,10 +361,16 @@ impl RedisStore {
         }
     }
 
-    fn encode(&self, checks: &[&Check], clock: ScriptClock) -> (Vec<String>, Vec<i64>) {
+    fn encode(
+        &self,
+        checks: &[&Check],
+        clock: ScriptClock,
+        mode: ChargeMode,
+    ) -> (Vec<String>, Vec<i64>) {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
-        let mut args: Vec<i64> = Vec::with_capacity(1 + checks.len() * script::ARGS_PER_KEY);
+        let mut args: Vec<i64> = Vec::with_capacity(2 + checks.len() * script::ARGS_PER_KEY);
         args.push(i64::try_from(clock.arg()).unwrap_or(i64::MAX));
+        args.push(script::mode_arg(mode));
         for check in checks {
             script::push_args(check, &mut args);
         }
@@ -432,8 +524,13 @@ impl RoutedConn for redis::cluster_async::ClusterConnection {
 }
 
 impl Store for RedisStore {
-    fn check<'a>(&'a self, checks: &'a [Check], deadline: Instant) -> StoreFuture<'a> {
-        Box::pin(self.check_with_clock(checks, ScriptClock::RedisTime, deadline))
+    fn check<'a>(
+        &'a self,
+        checks: &'a [Check],
+        deadline: Instant,
+        mode: ChargeMode,
+    ) -> StoreFuture<'a> {
+        Box::pin(self.check_with_clock(checks, ScriptClock::RedisTime, deadline, mode))
     }
 
     fn name(&self) -> &'static str {

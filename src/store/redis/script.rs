@@ -13,7 +13,7 @@ use redis::Value;
 use crate::algorithm::fixed_window::{self, FixedState};
 use crate::algorithm::sliding_window::{self, SlidingState};
 use crate::algorithm::token_bucket::{self, BucketState};
-use crate::algorithm::{Algorithm, Check, Decision, Outcome};
+use crate::algorithm::{Algorithm, ChargeMode, Check, Decision, Outcome};
 use crate::store::StoreError;
 
 pub const SOURCE: &str = concat!(
@@ -28,8 +28,17 @@ pub const SOURCE: &str = concat!(
 pub static SHA: LazyLock<String> =
     LazyLock::new(|| redis::Script::new(SOURCE).get_hash().to_owned());
 
-/// Arguments per key after the clock argument.
+/// Arguments per key after the clock and mode arguments.
 pub const ARGS_PER_KEY: usize = 6;
+
+/// The script's number for a call's charge mode (ARGV[2]).
+pub fn mode_arg(mode: ChargeMode) -> i64 {
+    match mode {
+        ChargeMode::EachAlone => 0,
+        ChargeMode::AllOrNothing => 1,
+        ChargeMode::Probe => 2,
+    }
+}
 
 /// Where the script takes "now" from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,12 +58,47 @@ impl ScriptClock {
     }
 }
 
-/// Pushes the six numbers of one check. Hits above the limit's capacity are clamped to capacity
-/// + 1: they are refused either way, and every number stays exact in a Lua double.
+/// Pushes the six numbers of one check. Hits above the limit's capacity are clamped to one more
+/// than the capacity: they are refused either way, and every number stays exact in a Lua double.
 pub fn push_args(check: &Check, args: &mut Vec<i64>) {
     let limit = &check.limit;
     let hits = check.hits.min(limit.capacity().saturating_add(1));
     let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    if check.refund {
+        // A refund is not bounded by the capacity (a counter written under a larger limit may
+        // hold more); 2^52 keeps it exact in a double and above any real count.
+        let hits = check.hits.min(token_bucket::MAX_SPAN_US);
+        match limit.algorithm {
+            Algorithm::SlidingWindow => args.extend([
+                11,
+                as_i64(sliding_window::sub_window_us(limit.window_us)),
+                as_i64(limit.requests),
+                as_i64(hits),
+                0,
+                0,
+            ]),
+            Algorithm::TokenBucket => {
+                let back = token_bucket::span_of(check.hits, limit);
+                args.extend([
+                    12,
+                    as_i64(limit.requests),
+                    as_i64(back.quotient_us),
+                    as_i64(back.remainder),
+                    0,
+                    0,
+                ]);
+            }
+            Algorithm::FixedWindow => args.extend([
+                13,
+                as_i64(limit.window_us.max(1)),
+                as_i64(limit.requests),
+                as_i64(hits),
+                0,
+                0,
+            ]),
+        }
+        return;
+    }
     match limit.algorithm {
         Algorithm::SlidingWindow => args.extend([
             1,
@@ -111,6 +155,11 @@ fn integers(value: &Value) -> Result<Vec<u64>, StoreError> {
             other => Err(protocol(format!("expected an integer, got {other:?}"))),
         })
         .collect()
+}
+
+/// Whether a reply says the check passed (the first number).
+pub fn allowed(reply: &Value) -> Result<bool, StoreError> {
+    Ok(integers(reply)?.first().copied() == Some(1))
 }
 
 /// Turns one key's reply into the decision, with the same Rust code as the memory store.
