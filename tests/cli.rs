@@ -300,3 +300,120 @@ fn serve_refuses_settings_that_would_misbehave_naming_each_one() {
         "{out}"
     );
 }
+
+#[test]
+fn a_domain_across_files_merges_only_when_asked_and_never_twice_the_same_key() {
+    let dir = dir_with(&[
+        (
+            "a.yaml",
+            "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+        ),
+        (
+            "b.yaml",
+            "domain: shared\ndescriptors:\n  - key: path\n    rate_limit: {unit: minute, requests_per_unit: 7}\n",
+        ),
+    ]);
+    let path = dir.path().to_str().unwrap();
+    let (code, out) = portcullis(&["check", path]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("--merge-domain-config"), "{out}");
+    let (code, out) = portcullis(&["check", "--merge-domain-config", path]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("1 domain(s), 2 rule(s)"), "{out}");
+    let (_, out) = portcullis(&[
+        "explain",
+        "--merge-domain-config",
+        "--config",
+        path,
+        "--domain",
+        "shared",
+        "path=/x",
+    ]);
+    assert!(out.contains("shared.path: 7 per minute"), "{out}");
+
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        "domain: shared\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let (code, out) = portcullis(&["check", "--merge-domain-config", path]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("c.yaml:3") && out.contains("duplicate descriptor when merging"),
+        "{out}"
+    );
+}
+
+#[test]
+fn every_go_field_loads_and_share_threshold_needs_a_wildcard() {
+    let dir = dir_with(&[(
+        "go.yaml",
+        r#"domain: go
+descriptors:
+  - key: path
+    value: /files/*
+    share_threshold: true
+    value_to_metric: true
+    quota_mode: true
+    detailed_metric: true
+    shadow_mode: false
+    metadata:
+      team: storage
+      limits: [1, 2]
+    rate_limit:
+      name: files
+      unit: minute
+      requests_per_unit: 10
+      replaces:
+        - name: other
+"#,
+    )]);
+    let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    let dir = dir_with(&[(
+        "bad.yaml",
+        "domain: go\ndescriptors:\n  - key: path\n    value: /files\n    share_threshold: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    )]);
+    let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("bad.yaml:5: descriptors[0].share_threshold"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_warns_about_rules_that_load_but_cannot_do_what_they_say() {
+    let dir = dir_with(&[(
+        "traps.yaml",
+        r#"domain: traps
+descriptors:
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: path
+    value: /api/v1/*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: user
+    rate_limit: {name: per-user, unit: minute, requests_per_unit: 5}
+  - key: trial
+    shadow_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+      replaces:
+        - name: per-user
+"#,
+    )]);
+    let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "warnings do not refuse: {out}");
+    assert!(
+        out.contains("warning: ") && out.contains("\"/api/v1/*\" is never matched"),
+        "{out}"
+    );
+    assert!(out.contains("traps.yaml:6"), "{out}");
+    assert!(
+        out.contains("traps.trial is in shadow mode but replaces \"per-user\""),
+        "{out}"
+    );
+}

@@ -33,6 +33,10 @@ use crate::store::redis::{RedisConfig, SentinelAuth, Topology};
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
 
+/// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
+/// written for it ask for this name.
+pub const GO_HEALTH_SERVICE: &str = "ratelimit";
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("rules in {dir} refused:\n{source}")]
@@ -69,6 +73,9 @@ impl Running {
             .await;
         self.health
             .set_not_serving::<RateLimitServiceServer<RlsService>>()
+            .await;
+        self.health
+            .set_service_status(GO_HEALTH_SERVICE, ServingStatus::NotServing)
             .await;
         tokio::time::sleep(period).await;
         self.shutdown().await;
@@ -174,6 +181,9 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RateLimitServiceServer<RlsService>>()
+        .await;
+    health
+        .set_service_status(GO_HEALTH_SERVICE, ServingStatus::Serving)
         .await;
     let rls = RateLimitServiceServer::new(RlsService::new(decider.clone(), settings.max_in_flight))
         .max_decoding_message_size(settings.max_message_bytes);

@@ -1,6 +1,7 @@
 //! The admin HTTP listener, a face beside gRPC on the same call path (it calls the `Decider`,
 //! never the other way round):
 //! - `/healthz`: the process answers (liveness; never depends on a store),
+//! - `/healthcheck`: envoyproxy/ratelimit's health path: `OK`, or 500 while draining,
 //! - `/readyz`: not draining; the store's state and the rules are reported in the body; fails
 //!   while the store refuses us for good (wrong password, permissions, certificate) unless
 //!   `--ready-on-permanent-store-errors`, while it is merely down only with
@@ -45,6 +46,7 @@ pub struct AdminState {
 pub fn router(state: AdminState) -> Router {
     let mut router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthcheck", get(healthcheck))
         .route("/readyz", get(readyz))
         .route("/rlconfig", get(rlconfig))
         .route("/metrics", get(metrics));
@@ -52,6 +54,15 @@ pub fn router(state: AdminState) -> Router {
         router = router.route("/json", post(json_call));
     }
     router.with_state(state)
+}
+
+/// envoyproxy/ratelimit's HTTP health path: `OK` while serving, 500 once draining (as Go answers).
+async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {
+    if state.draining.load(Ordering::Relaxed) {
+        (StatusCode::INTERNAL_SERVER_ERROR, "")
+    } else {
+        (StatusCode::OK, "OK")
+    }
 }
 
 async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
