@@ -622,3 +622,67 @@ fn metric_name<E: Entry>(
     }
     (name != rule.full_key).then_some(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(yaml: &str) -> Snapshot {
+        let files = RuleFiles {
+            files: vec![(PathBuf::from("t.yaml"), yaml.as_bytes().to_vec())],
+        };
+        parse(&files, LoadOptions::default()).expect("rules load")
+    }
+
+    fn resolve<'a>(s: &'a Snapshot, entries: &[(&str, &str)]) -> Resolved<'a> {
+        match s.resolve("d", entries) {
+            Lookup::Rule(resolved) => resolved,
+            other => panic!("no rule: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn metric_names_follow_the_go_service() {
+        let s = snapshot(
+            r#"
+domain: d
+descriptors:
+  - key: path
+    value: /api/*
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: file
+    value: /f/*
+    share_threshold: true
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: shop
+    value: /s/*
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    value_to_metric: true
+    descriptors:
+      - key: user
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 1}
+"#,
+        );
+        // No flags: the configured name, wildcard pattern and all.
+        let r = resolve(&s, &[("path", "/api/x"), ("user", "u")]);
+        assert_eq!(r.rule.full_key, "d.path_/api/*.user");
+        assert_eq!(r.metric_name, None);
+        assert!(r.shared.is_empty());
+        // share_threshold with detailed_metric: the pattern, never the value.
+        let r = resolve(&s, &[("file", "/f/secret")]);
+        assert_eq!(r.metric_name.as_deref(), Some("d.file_/f/*"));
+        assert_eq!(r.shared, vec![(0, "/f/*")]);
+        // value_to_metric on a wildcard: the request's value.
+        let r = resolve(&s, &[("shop", "/s/42")]);
+        assert_eq!(r.metric_name.as_deref(), Some("d.shop_/s/42"));
+        // detailed_metric names every level by its value, `key_` even when it is empty.
+        let r = resolve(&s, &[("tenant", "acme"), ("user", "")]);
+        assert_eq!(r.metric_name.as_deref(), Some("d.tenant_acme.user_"));
+    }
+}
