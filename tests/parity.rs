@@ -482,3 +482,22 @@ async fn grpc_health_answers_for_the_go_service_name_and_healthcheck_over_http()
     assert_eq!(http_get(&server, "/healthcheck").await, (200, "OK".into()));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_domain_merged_from_two_files_serves_both_files_rules() {
+    let first = "domain: merged\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    let second = "domain: merged\ndescriptors:\n  - key: path\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+    let server = TestServer::start_with(&[("a.yaml", first), ("b.yaml", second)], |s| {
+        s.merge_domain_config = true;
+    })
+    .await;
+    let r = server
+        .ok(RateLimitRequest {
+            domain: "merged".into(),
+            descriptors: vec![d("user", "u"), d("path", "/p")],
+            hits_addend: 0,
+        })
+        .await;
+    assert_eq!(remaining(&r), vec![0, 1]);
+    server.stop().await;
+}
