@@ -467,19 +467,23 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
         .expect("connect");
     let mut health = HealthClient::new(channel.clone());
     let mut rls = portcullis::pb::RateLimitServiceClient::new(channel);
-    let status = |h: &mut HealthClient<_>| {
+    let status_of = |h: &mut HealthClient<_>, service: &str| {
         let mut h = h.clone();
+        let service = service.to_owned();
         async move {
-            h.check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status
+            h.check(HealthCheckRequest { service })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
         }
     };
+    let status = |h: &mut HealthClient<_>| status_of(h, "");
     assert_eq!(status(&mut health).await, ServingStatus::Serving as i32);
+    assert_eq!(
+        status_of(&mut health, "ratelimit").await,
+        ServingStatus::Serving as i32
+    );
 
     let signalled = Instant::now();
     server.signal("TERM");
@@ -492,6 +496,15 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
     }
     let (ready, _) = http(server.admin_addr(), "GET", "/readyz", "").await;
     assert_eq!(ready, 503);
+    assert_eq!(
+        status_of(&mut health, "ratelimit").await,
+        ServingStatus::NotServing as i32
+    );
+    // Liveness does not follow the drain: a probe must not restart a replica that is leaving.
+    assert_eq!(
+        status_of(&mut health, "portcullis.liveness").await,
+        ServingStatus::Serving as i32
+    );
     // Still answering during the drain period.
     let r = rls
         .should_rate_limit(request("m", &[&[("user", "drain")]]))

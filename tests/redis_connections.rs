@@ -182,6 +182,39 @@ async fn a_wrong_password_is_said_in_words_in_the_log_and_in_readyz() {
         metrics.contains(r#"portcullis_store_errors_total{kind="permanent"} 1"#),
         "{metrics}"
     );
+    // gRPC readiness follows /readyz; liveness does not depend on the store.
+    let channel = tonic::transport::Channel::from_shared(server.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status_of = |service: &str| {
+        let mut health = health.clone();
+        let service = service.to_owned();
+        async move {
+            health
+                .check(tonic_health::pb::HealthCheckRequest { service })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+        }
+    };
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let start = Instant::now();
+    while status_of("ratelimit").await != ServingStatus::NotServing as i32 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "gRPC readiness still SERVING"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        status_of("portcullis.liveness").await,
+        ServingStatus::Serving as i32
+    );
+    let _ = &mut health;
     let log = server.log();
     assert!(log.contains("authentication failed"), "{log}");
     assert!(log.contains("ERROR"), "said at error level: {log}");

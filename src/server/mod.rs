@@ -37,6 +37,14 @@ use crate::telemetry::Metrics;
 /// written for it ask for this name.
 pub const GO_HEALTH_SERVICE: &str = "ratelimit";
 
+/// A gRPC health name that is SERVING for as long as the process answers: for liveness probes,
+/// which must never depend on Redis or on a drain in progress. The other names (`""`,
+/// `ratelimit`, the RLS service) follow readiness, as `/readyz` does.
+pub const LIVENESS_HEALTH_SERVICE: &str = "portcullis.liveness";
+
+/// How often readiness is worked out again for gRPC health.
+const READINESS_INTERVAL: Duration = Duration::from_secs(1);
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("rules in {dir} refused:\n{source}")]
@@ -185,6 +193,9 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     health
         .set_service_status(GO_HEALTH_SERVICE, ServingStatus::Serving)
         .await;
+    health
+        .set_service_status(LIVENESS_HEALTH_SERVICE, ServingStatus::Serving)
+        .await;
     let rls = RateLimitServiceServer::new(RlsService::new(decider.clone(), settings.max_in_flight))
         .max_decoding_message_size(settings.max_message_bytes);
     let router = tonic::transport::Server::builder()
@@ -235,7 +246,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     };
 
     let draining = Arc::new(AtomicBool::new(false));
-    let app = admin::router(admin::AdminState {
+    let admin_state = admin::AdminState {
         rules: rules.clone(),
         limiter,
         decider,
@@ -246,7 +257,13 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         ready_on_permanent_store_errors: settings.ready_on_permanent_store_errors,
         store_ping_timeout: settings.store_timeout.max(Duration::from_millis(250)),
         json_enabled: settings.admin_json,
-    });
+    };
+    tasks.push(spawn_readiness(
+        admin_state.clone(),
+        health.clone(),
+        stopped.clone(),
+    ));
+    let app = admin::router(admin_state);
     let admin_task = tokio::spawn(listen::serve_http(
         admin_listener,
         app,
@@ -278,6 +295,54 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         draining,
         stop,
         tasks,
+    })
+}
+
+/// Keeps the gRPC health of the service (`""`, `ratelimit`, the RLS service) equal to readiness:
+/// gRPC readiness probes and Envoy health checks see what `/readyz` says. After a drain starts it
+/// only ever says NOT_SERVING.
+fn spawn_readiness(
+    state: admin::AdminState,
+    health: HealthReporter,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last = None;
+        let mut ticker = tokio::time::interval(READINESS_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            let (ready, why) = admin::readiness(&state).await;
+            // A drain that began meanwhile has the last word.
+            let ready = ready && !state.draining.load(Ordering::Relaxed);
+            if last == Some(ready) {
+                continue;
+            }
+            if last.is_some() {
+                tracing::info!(ready, "readiness changed:\n{why}");
+            }
+            last = Some(ready);
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            for name in ["", GO_HEALTH_SERVICE] {
+                health.set_service_status(name, status).await;
+            }
+            if ready {
+                health
+                    .set_serving::<RateLimitServiceServer<RlsService>>()
+                    .await;
+            } else {
+                health
+                    .set_not_serving::<RateLimitServiceServer<RlsService>>()
+                    .await;
+            }
+        }
     })
 }
 

@@ -66,6 +66,18 @@ async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static s
 }
 
 async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
+    let (ready, body) = readiness(&state).await;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, body)
+}
+
+/// Whether this replica should receive calls, and why (the body of `/readyz`). The gRPC health
+/// of the service follows the same answer (see `server`).
+pub async fn readiness(state: &AdminState) -> (bool, String) {
     let rules = state.rules.load();
     let loaded_secs = rules
         .loaded_at
@@ -84,26 +96,26 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
     }
     if state.draining.load(Ordering::Relaxed) {
         body.push_str("draining: shutting down\n");
-        return (StatusCode::SERVICE_UNAVAILABLE, body);
+        return (false, body);
     }
     let no_domain = rules.domain_names().is_empty();
     if no_domain {
         body.push_str("rules: no domain loaded\n");
     }
     if state.ready_requires_rules && no_domain {
-        return (StatusCode::SERVICE_UNAVAILABLE, body);
+        return (false, body);
     }
     if let Err(e) = &store
         && e.is_permanent()
         && !state.ready_on_permanent_store_errors
     {
         body.push_str("not ready: the store refuses us; fix its configuration (or start with --ready-on-permanent-store-errors)\n");
-        return (StatusCode::SERVICE_UNAVAILABLE, body);
+        return (false, body);
     }
     if state.ready_requires_store && store.is_err() {
-        return (StatusCode::SERVICE_UNAVAILABLE, body);
+        return (false, body);
     }
-    (StatusCode::OK, body)
+    (true, body)
 }
 
 async fn rlconfig(State(state): State<AdminState>) -> String {
