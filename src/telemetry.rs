@@ -174,10 +174,31 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+/// Registers one metric and remembers the names it is exported under (for tooling that checks
+/// dashboards and alerts against what exists).
+fn register<M>(registry: &mut Registry, names: &mut Vec<String>, name: &str, help: &str, metric: M)
+where
+    M: prometheus_client::registry::Metric,
+{
+    let full = format!("portcullis_{name}");
+    match metric.metric_type() {
+        prometheus_client::metrics::MetricType::Counter => names.push(format!("{full}_total")),
+        prometheus_client::metrics::MetricType::Histogram => {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                names.push(format!("{full}{suffix}"));
+            }
+        }
+        _ => names.push(full),
+    }
+    registry.register(name, help, metric);
+}
+
 /// Every metric Portcullis exports, registered once; cheap to update from the request path.
 /// The README lists each with its envoyproxy/ratelimit counterpart.
 pub struct Metrics {
     registry: Registry,
+    /// The names the metrics are exported under, e.g. `portcullis_rule_hits_total`.
+    names: Vec<String>,
     pub rule_hits: Family<RuleLabels, Counter>,
     pub rule_over_limit: Family<RuleLabels, Counter>,
     pub rule_near_limit: Family<RuleLabels, Counter>,
@@ -197,6 +218,7 @@ pub struct Metrics {
     pub deny_cache_evictions: Counter,
     pub detailed_series_folded: Counter,
     pub accept_errors: Family<ListenerLabels, Counter>,
+    pub ready: Gauge,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
     /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
@@ -208,6 +230,7 @@ impl Metrics {
     /// `max_detailed`: the most per-value series `detailed_metric` rules may create.
     pub fn new(near_limit_ratio: f64, max_detailed: usize) -> Metrics {
         let mut registry = Registry::with_prefix("portcullis");
+        let mut names = Vec::new();
         let latency = || Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         let m = Metrics {
             rule_hits: Family::default(),
@@ -229,108 +252,159 @@ impl Metrics {
             deny_cache_evictions: Counter::default(),
             detailed_series_folded: Counter::default(),
             accept_errors: Family::default(),
+            ready: Gauge::default(),
             near_limit_ratio,
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
             registry: Registry::default(),
+            names: Vec::new(),
         };
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "rule_hits",
             "Hits counted against a rule (hits_addend summed)",
             m.rule_hits.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "rule_over_limit",
             "Hits refused by a rule",
             m.rule_over_limit.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "rule_near_limit",
             "Hits allowed that left the rule's counter above the near-limit ratio",
             m.rule_near_limit.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "rule_within_limit",
             "Hits allowed by a rule",
             m.rule_within_limit.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "rule_shadow_mode",
             "Hits over a shadow-mode rule's limit (allowed because of shadow mode)",
             m.rule_shadow_mode.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "rule_refunded",
             "Hits given back to a rule's budget (is_negative_hits)",
             m.rule_refunded.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "grpc_calls",
             "ShouldRateLimit calls by gRPC status code",
             m.calls.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "grpc_call_duration_seconds",
             "ShouldRateLimit latency",
             m.call_seconds.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "store_duration_seconds",
             "Latency of one store call",
             m.store_seconds.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "store_errors",
             "Checks the store failed to decide, by kind (timeout, unavailable, permanent, protocol)",
             m.store_errors.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "store_connect_errors",
             "Failed attempts to connect to the store, by kind (permanent: fix the configuration)",
             m.store_connect_errors.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "failure_mode_answers",
             "Calls answered by the failure mode because the store failed",
             m.failure_mode_answers.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "rules_reloads",
             "Rule reloads by result (success, error)",
             m.rules_reloads.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "rules_loaded_timestamp_seconds",
             "When the rules in force were loaded (Unix time)",
             m.rules_loaded_timestamp.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "unknown_domain",
             "Calls for a domain no rules file defines",
             m.unknown_domain.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "deny_cache_hits",
             "Checks refused by the local deny cache without asking the store",
             m.deny_cache_hits.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "deny_cache_evictions",
             "Denials dropped from the full deny cache to make room (they cost a store call later)",
             m.deny_cache_evictions.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "detailed_series_folded",
             "Descriptors of detailed_metric rules counted under the rule's own label because \
              --max-detailed-series per-value series exist already",
             m.detailed_series_folded.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
+            &mut names,
             "accept_errors",
             "Connections a listener failed to accept (out of file descriptors, say), by listener",
             m.accept_errors.clone(),
         );
-        Metrics { registry, ..m }
+        register(
+            &mut registry,
+            &mut names,
+            "ready",
+            "1 while this replica is ready (what /readyz and gRPC health say), else 0",
+            m.ready.clone(),
+        );
+        Metrics {
+            registry,
+            names,
+            ..m
+        }
     }
 
     /// The labels to count a `detailed_metric` rule's hit under: the per-value `detailed` ones
@@ -347,6 +421,12 @@ impl Metrics {
         drop(known);
         self.detailed_series_folded.inc();
         folded
+    }
+
+    /// Every name the exposition can carry (`portcullis_rule_hits_total`, the histograms'
+    /// `_bucket`, `_sum`, `_count`, ...), whether or not it has a sample yet.
+    pub fn exported_names(&self) -> &[String] {
+        &self.names
     }
 
     /// The Prometheus text exposition.

@@ -302,6 +302,24 @@ impl Level {
         }
     }
 
+    fn key_paths(&self, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        for (key, m) in &self.by_key {
+            path.push(key.clone());
+            let nodes = m
+                .exact
+                .values()
+                .chain(m.wildcards.iter().map(|(_, n)| n))
+                .chain(m.default.as_deref());
+            for node in nodes {
+                if node.rule.is_some() {
+                    out.push(path.clone());
+                }
+                node.children.key_paths(path, out);
+            }
+            path.pop();
+        }
+    }
+
     fn shadowed_wildcards(&self, out: &mut Vec<String>) {
         let mut keys: Vec<_> = self.by_key.iter().collect();
         keys.sort_by(|a, b| a.0.cmp(b.0));
@@ -516,6 +534,19 @@ impl Snapshot {
             level = &node.children;
         }
         Lookup::NoRule
+    }
+
+    /// The key sequences at which a domain has a rule (`[["remote_address"], ["api_key",
+    /// "path"]]`): what a gateway's descriptors must look like to meet one. For tooling that
+    /// checks gateway configurations against rules.
+    pub fn rule_key_paths(&self, domain: &str) -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        if let Some(domain) = self.domains.get(domain) {
+            domain.root.key_paths(&mut Vec::new(), &mut out);
+        }
+        out.sort();
+        out.dedup();
+        out
     }
 
     /// Rule patterns that load but are probably not what was meant: a wildcard never reached

@@ -325,6 +325,7 @@ fn spawn_readiness(
                 tracing::info!(ready, "readiness changed:\n{why}");
             }
             last = Some(ready);
+            state.metrics.ready.set(i64::from(ready));
             let status = if ready {
                 ServingStatus::Serving
             } else {
