@@ -147,6 +147,8 @@ fn descriptor_key_paths(config: &Value) -> Vec<Vec<String>> {
                         h["descriptor_key"].as_str().expect("descriptor_key").into()
                     } else if let Some(g) = action.get("generic_key") {
                         g["descriptor_key"].as_str().unwrap_or("generic_key").into()
+                    } else if let Some(m) = action.get("header_value_match") {
+                        m["descriptor_key"].as_str().unwrap_or("header_match").into()
                     } else {
                         panic!("an action this test does not know: {action}")
                     }
@@ -210,7 +212,7 @@ fn the_envoy_example_sends_what_its_rules_limit_to_a_cluster_it_defines() {
         "{cluster} is not a cluster"
     );
     let paths = descriptor_key_paths(envoy);
-    assert_eq!(paths.len(), 4, "{paths:?}");
+    assert_eq!(paths.len(), 5, "{paths:?}");
     assert_rules_cover(
         "deploy/kubernetes/base/rules",
         domain,
