@@ -148,7 +148,10 @@ fn descriptor_key_paths(config: &Value) -> Vec<Vec<String>> {
                     } else if let Some(g) = action.get("generic_key") {
                         g["descriptor_key"].as_str().unwrap_or("generic_key").into()
                     } else if let Some(m) = action.get("header_value_match") {
-                        m["descriptor_key"].as_str().unwrap_or("header_match").into()
+                        m["descriptor_key"]
+                            .as_str()
+                            .unwrap_or("header_match")
+                            .into()
                     } else {
                         panic!("an action this test does not know: {action}")
                     }
