@@ -1,8 +1,13 @@
 //! Compiles our own copy of the Envoy rate-limit protos with protox (pure Rust), so that building
-//! Portcullis never needs a system `protoc`.
+//! Portcullis never needs a system `protoc`: the rate-limit service, and the xDS stream and
+//! resource that carry rules from a control plane.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/envoy/service/ratelimit/v3/rls.proto"];
+    let files = [
+        "proto/envoy/service/ratelimit/v3/rls.proto",
+        "proto/envoy/service/discovery/v3/ads.proto",
+        "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
+    ];
     println!("cargo:rerun-if-changed=proto");
     let descriptors = protox::compile(files, ["proto"])?;
     tonic_prost_build::configure()

@@ -23,6 +23,8 @@ async fn calls_per_second(url: &str, pool_size: u32, calls_per_caller: usize) ->
         topology: Topology::Standalone(url.to_owned()),
         tls: false,
         ca_pem: None,
+        client_cert_pem: None,
+        skip_hostname_verification: false,
         username: None,
         password: None,
         sentinel: Default::default(),

@@ -5,14 +5,33 @@ use std::sync::Arc;
 
 use clap::Parser;
 
+use portcullis::algorithm::Algorithm;
 use portcullis::clock::SystemClock;
 use portcullis::rules::{self, LoadOptions, Lookup, MatchKind};
-use portcullis::settings::{Cli, Command, Settings};
+use portcullis::settings::{self, Cli, Command, Settings};
 use portcullis::{server, telemetry};
 
 fn main() -> ExitCode {
+    // The image's `/bin/ratelimit`: a Deployment written for envoyproxy/ratelimit runs it with no
+    // arguments and configures it through the Go service's environment variables.
+    if invoked_as_ratelimit() {
+        return match go_settings(default_settings()) {
+            Ok(settings) => serve(settings),
+            Err(e) => {
+                eprintln!("ratelimit: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(settings) if settings.env_compat.is_some() => match go_settings(*settings) {
+            Ok(settings) => serve(settings),
+            Err(e) => {
+                eprintln!("portcullis: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve(settings) => serve(*settings),
         Command::Check {
             dir,
@@ -45,7 +64,7 @@ fn serve(settings: Settings) -> ExitCode {
         let telemetry = telemetry::init(
             &settings.log_level,
             settings.log_format,
-            settings.otlp_endpoint.as_deref(),
+            &settings.tracing(),
         );
         let running = match server::start(&settings, Arc::new(SystemClock::default())).await {
             Ok(running) => running,
@@ -85,7 +104,34 @@ async fn shutdown_signal() {
 }
 
 fn options(merge_domains: bool) -> LoadOptions {
-    LoadOptions { merge_domains }
+    LoadOptions {
+        merge_domains,
+        default_algorithm: Algorithm::SlidingWindow,
+    }
+}
+
+fn invoked_as_ratelimit() -> bool {
+    std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n == "ratelimit"))
+        .unwrap_or(false)
+}
+
+/// `serve`'s settings with nothing given: Portcullis' own defaults (and PORTCULLIS_* variables)
+/// under the Go environment.
+fn default_settings() -> Settings {
+    match Cli::try_parse_from(["portcullis", "serve"]) {
+        Ok(Cli {
+            command: Command::Serve(settings),
+        }) => *settings,
+        Ok(_) => unreachable!("`serve` parses as Command::Serve"),
+        Err(e) => e.exit(),
+    }
+}
+
+fn go_settings(base: Settings) -> Result<Settings, settings::SettingsError> {
+    settings::go::from_go_env(base, &settings::go::process_env)
 }
 
 fn check(dir: &std::path::Path, options: LoadOptions) -> ExitCode {

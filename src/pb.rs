@@ -30,7 +30,47 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
             }
         }
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
     }
+}
+
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// envoyproxy/ratelimit's rules resource, as pushed over xDS.
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
+            }
+        }
+    }
+}
+
+/// The xDS stream (state of the world) and the rules resource it carries.
+pub mod xds {
+    pub use super::envoy::config::core::v3::Node;
+    pub use super::envoy::service::discovery::v3::{
+        DiscoveryRequest, DiscoveryResponse,
+        aggregated_discovery_service_client::AggregatedDiscoveryServiceClient,
+        aggregated_discovery_service_server::{
+            AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+        },
+    };
+    pub use super::google::rpc::Status;
+    pub use super::ratelimit::config::ratelimit::v3 as rules;
+
+    /// The type URL of the rules resource.
+    pub const RULES_TYPE_URL: &str =
+        "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 }
 
 pub use envoy::config::core::v3::HeaderValue;

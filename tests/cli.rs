@@ -279,6 +279,26 @@ fn serve_refuses_settings_that_would_misbehave_naming_each_one() {
         (&["--redis-pool-size", "0"][..], "--redis-pool-size"),
         (&["--drain-period", "86400s"][..], "--drain-period"),
         (
+            &["--statsd-flush-interval", "0s"][..],
+            "--statsd-flush-interval",
+        ),
+        (
+            &["--traces-sampling-ratio", "2"][..],
+            "--traces-sampling-ratio",
+        ),
+        (
+            &["--rules-xds-backoff-random-factor", "1.5"][..],
+            "--rules-xds-backoff-random-factor",
+        ),
+        (
+            &["--rules-xds-backoff-max", "1ms"][..],
+            "--rules-xds-backoff-max",
+        ),
+        (
+            &["--grpc-max-connection-age", "0s"][..],
+            "--grpc-max-connection-age",
+        ),
+        (
             &["--store-timeout", "50ms", "--grpc-request-timeout", "20ms"][..],
             "--grpc-request-timeout",
         ),

@@ -29,6 +29,8 @@ fn config(topology: Topology) -> RedisConfig {
         topology,
         tls: false,
         ca_pem: None,
+        client_cert_pem: None,
+        skip_hostname_verification: false,
         username: None,
         password: None,
         sentinel: Default::default(),

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::{Domain, Snapshot, yaml};
+use crate::algorithm::Algorithm;
 
 /// One problem in one rules file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,10 +51,15 @@ impl fmt::Display for Invalid<'_> {
 }
 
 /// Parses one file's text; on failure pushes the problems to `errors`.
-pub fn parse_file(path: &Path, text: &str, errors: &mut Vec<RuleError>) -> Option<Domain> {
+pub fn parse_file(
+    path: &Path,
+    text: &str,
+    options: LoadOptions,
+    errors: &mut Vec<RuleError>,
+) -> Option<Domain> {
     let file = Arc::new(path.to_path_buf());
     match serde_saphyr::from_str::<yaml::FileYaml>(text) {
-        Ok(parsed) => yaml::build(&file, parsed, errors),
+        Ok(parsed) => yaml::build(&file, parsed, options.default_algorithm, errors),
         Err(e) => {
             let line = e.location().map_or(1, |l| l.line().max(1));
             let render = serde_saphyr::render_options! { snippets: serde_saphyr::SnippetMode::Off };
@@ -155,6 +161,9 @@ pub struct LoadOptions {
     /// A domain defined in several files is merged (the Go service's `MERGE_DOMAIN_CONFIG`);
     /// otherwise a second definition is an error.
     pub merge_domains: bool,
+    /// The algorithm of a rule that does not name one (sliding window; the Go service's
+    /// fixed window in its drop-in mode).
+    pub default_algorithm: Algorithm,
 }
 
 /// Validates a set of rule files into a snapshot; all or nothing.
@@ -174,7 +183,7 @@ pub fn parse(set: &RuleFiles, options: LoadOptions) -> Result<Snapshot, RulesErr
                 continue;
             }
         };
-        let Some(domain) = parse_file(path, text, &mut errors) else {
+        let Some(domain) = parse_file(path, text, options, &mut errors) else {
             continue;
         };
         if options.merge_domains

@@ -60,9 +60,14 @@ struct ReplacesYaml {
 pub(crate) fn build(
     file: &Arc<PathBuf>,
     parsed: FileYaml,
+    default_algorithm: Algorithm,
     errors: &mut Vec<RuleError>,
 ) -> Option<Domain> {
-    let mut ctx = Ctx { file, errors };
+    let mut ctx = Ctx {
+        file,
+        errors,
+        default_algorithm,
+    };
     let Some(domain) = parsed.domain else {
         ctx.error(1, "domain", "is required");
         return None;
@@ -95,6 +100,7 @@ struct Flags {
 struct Ctx<'a> {
     file: &'a Arc<PathBuf>,
     errors: &'a mut Vec<RuleError>,
+    default_algorithm: Algorithm,
 }
 
 impl Ctx<'_> {
@@ -240,7 +246,7 @@ impl Ctx<'_> {
         }
 
         let algorithm = match &rl.algorithm {
-            None => Algorithm::default(),
+            None => self.default_algorithm,
             Some(a) => match a.value.as_str() {
                 "sliding_window" => Algorithm::SlidingWindow,
                 "token_bucket" => Algorithm::TokenBucket,
@@ -253,7 +259,7 @@ impl Ctx<'_> {
                             "{other:?} is not one of sliding_window, token_bucket, fixed_window"
                         ),
                     );
-                    Algorithm::default()
+                    self.default_algorithm
                 }
             },
         };

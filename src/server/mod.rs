@@ -6,8 +6,10 @@
 
 pub mod listen;
 pub mod reload;
+pub mod statsd;
 pub mod tls;
 pub mod watch;
+pub mod xds;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use crate::clock::Clock;
 use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::pb::RateLimitServiceServer;
 use crate::rules::{self, RulesError};
+use crate::service::admin::Routes;
 use crate::service::response::HeaderNames;
 use crate::service::{Decider, RlsService, ServiceConfig, admin};
 use crate::settings::{Settings, StoreKind};
@@ -62,6 +65,9 @@ pub enum StartError {
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The more HTTP listeners' addresses, in the order of `Settings::http_listeners`, then the
+    /// Go-named metrics listener.
+    pub http_addrs: Vec<SocketAddr>,
     pub metrics: Arc<Metrics>,
     health: HealthReporter,
     draining: Arc<AtomicBool>,
@@ -105,25 +111,55 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     settings
         .validate()
         .map_err(|e| StartError::Settings(e.to_string()))?;
+    for ignored in &settings.ignored_variables {
+        tracing::warn!("envoyproxy/ratelimit variable read, not used: {ignored}");
+    }
     let metrics = Arc::new(Metrics::new(
         settings.near_limit_ratio,
         settings.max_detailed_series,
     ));
-    let snapshot =
-        rules::load_dir(&settings.config, settings.load_options()).map_err(|source| {
-            StartError::Rules {
-                dir: settings.config.display().to_string(),
-                source,
-            }
-        })?;
-    tracing::info!(
-        files = snapshot.files.len(),
-        domains = ?snapshot.domain_names(),
-        "rules loaded"
-    );
-    metrics.rules_loaded(snapshot.loaded_at);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    let (snapshot, xds) = match &settings.rules_xds_server {
+        None => {
+            let snapshot =
+                rules::load_dir(&settings.config, settings.load_options()).map_err(|source| {
+                    StartError::Rules {
+                        dir: settings.config.display().to_string(),
+                        source,
+                    }
+                })?;
+            tracing::info!(
+                files = snapshot.files.len(),
+                domains = ?snapshot.domain_names(),
+                "rules loaded"
+            );
+            metrics.rules_loaded(snapshot.loaded_at);
+            (snapshot, None)
+        }
+        Some(server) => (
+            rules::Snapshot::empty(),
+            Some(xds_config(settings, server)?),
+        ),
+    };
     let loaded_fingerprint = snapshot.fingerprint;
     let rules = Arc::new(ArcSwap::from_pointee(snapshot));
+    let from_xds = xds.is_some();
+    if let Some(config) = xds {
+        let (task, applied) = xds::spawn(
+            xds::XdsRules {
+                config,
+                rules: rules.clone(),
+                metrics: metrics.clone(),
+                options: settings.load_options(),
+            },
+            stopped.clone(),
+        );
+        tasks.push(task);
+        if !settings.force_start_without_initial_rules {
+            wait_for_first_rules(applied, &settings.rules_xds_server).await?;
+        }
+    }
 
     let memory = || {
         let store = MemoryStore::new(clock.clone());
@@ -183,8 +219,32 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     let admin_listener = bind(settings.admin_addr).await?;
     let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
     let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut tasks = Vec::new();
+    // More HTTP listeners (Go mode: Go's PORT; Go-named metrics), bound now so that a busy port
+    // stops the start-up.
+    let mut wanted: Vec<(SocketAddr, Routes)> = settings
+        .http_listeners
+        .iter()
+        .map(|l| (l.addr, l.routes.clone()))
+        .collect();
+    if let Some(addr) = settings.go_metrics_addr {
+        wanted.push((
+            addr,
+            Routes {
+                health: false,
+                rules: false,
+                metrics: false,
+                json: false,
+                go_metrics: Some(settings.go_metrics_path.clone()),
+            },
+        ));
+    }
+    let mut extra_listeners = Vec::new();
+    let mut http_addrs = Vec::new();
+    for (addr, routes) in wanted {
+        let listener = bind(addr).await?;
+        http_addrs.push(local_addr(&listener, addr)?);
+        extra_listeners.push((listener, routes));
+    }
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -198,7 +258,14 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         .await;
     let rls = RateLimitServiceServer::new(RlsService::new(decider.clone(), settings.max_in_flight))
         .max_decoding_message_size(settings.max_message_bytes);
-    let router = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(age) = settings.grpc_max_connection_age {
+        builder = builder.max_connection_age(age);
+    }
+    if let Some(grace) = settings.grpc_max_connection_age_grace {
+        builder = builder.max_connection_age_grace(grace);
+    }
+    let router = builder
         .max_concurrent_streams(settings.grpc_max_concurrent_streams)
         .http2_keepalive_interval(Some(settings.grpc_keepalive_interval))
         .http2_keepalive_timeout(Some(settings.grpc_keepalive_timeout))
@@ -225,6 +292,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             let incoming = tls::incoming(
                 grpc_listener,
                 certificate.current.clone(),
+                certificate.client_san(),
                 metrics.clone(),
                 stopped.clone(),
             );
@@ -256,14 +324,13 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         ready_requires_rules: settings.ready_requires_rules,
         ready_on_permanent_store_errors: settings.ready_on_permanent_store_errors,
         store_ping_timeout: settings.store_timeout.max(Duration::from_millis(250)),
-        json_enabled: settings.admin_json,
     };
     tasks.push(spawn_readiness(
         admin_state.clone(),
         health.clone(),
         stopped.clone(),
     ));
-    let app = admin::router(admin_state);
+    let app = admin::router(admin_state.clone(), &Routes::admin(settings.admin_json));
     let admin_task = tokio::spawn(listen::serve_http(
         admin_listener,
         app,
@@ -272,24 +339,45 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         metrics.clone(),
         stopped.clone(),
     ));
-    let rules_watch = reload::RulesWatch {
-        dir: settings.config.clone(),
-        rules,
-        metrics: metrics.clone(),
-        allow_removal: settings.allow_rules_removal,
-        options: settings.load_options(),
-    };
-    tasks.push(watch::spawn(
-        Arc::new(rules_watch),
-        loaded_fingerprint,
-        settings.reload_interval,
-        stopped,
-    ));
+    for (listener, routes) in extra_listeners {
+        tasks.push(tokio::spawn(listen::serve_http(
+            listener,
+            admin::router(admin_state.clone(), &routes),
+            settings.admin_header_timeout,
+            Duration::from_secs(5),
+            metrics.clone(),
+            stopped.clone(),
+        )));
+    }
+    if let Some(addr) = &settings.statsd_addr {
+        tasks.push(statsd::spawn(
+            addr.clone(),
+            settings.statsd_flush_interval,
+            metrics.clone(),
+            stopped.clone(),
+        ));
+    }
+    if !from_xds {
+        let rules_watch = reload::RulesWatch {
+            dir: settings.config.clone(),
+            rules,
+            metrics: metrics.clone(),
+            allow_removal: settings.allow_rules_removal,
+            options: settings.load_options(),
+        };
+        tasks.push(watch::spawn(
+            Arc::new(rules_watch),
+            loaded_fingerprint,
+            settings.reload_interval,
+            stopped,
+        ));
+    }
     tasks.extend([grpc_task, admin_task]);
     tracing::info!(%grpc_addr, %admin_addr, store = ?settings.store, "serving");
     Ok(Running {
         grpc_addr,
         admin_addr,
+        http_addrs,
         metrics,
         health,
         draining,
@@ -347,6 +435,90 @@ fn spawn_readiness(
     })
 }
 
+/// Holds the start-up until the xDS server has delivered a valid set (as the Go service does
+/// without FORCE_START_WITHOUT_INITIAL_CONFIG), saying so every 30 s.
+async fn wait_for_first_rules(
+    mut applied: tokio::sync::watch::Receiver<bool>,
+    server: &Option<String>,
+) -> Result<(), StartError> {
+    let server = server.as_deref().unwrap_or_default();
+    tracing::info!(
+        %server,
+        "waiting for the first rules from the xDS server before serving \
+         (--force-start-without-initial-rules serves at once)"
+    );
+    let mut waited = Duration::ZERO;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), applied.wait_for(|a| *a)).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(_)) => {
+                return Err(StartError::Settings(
+                    "the xDS rules client stopped before delivering rules".into(),
+                ));
+            }
+            Err(_) => {
+                waited += Duration::from_secs(30);
+                tracing::warn!(%server, ?waited, "still waiting for the first xDS rules");
+            }
+        }
+    }
+}
+
+/// The xDS client's settings, checked (a bad header, CA file or address stops the start-up).
+fn xds_config(settings: &Settings, server: &str) -> Result<xds::XdsClientConfig, StartError> {
+    let bad = |e: xds::XdsSettingError| StartError::Settings(e.to_string());
+    let tls = if settings.rules_xds_tls {
+        let ca = settings.rules_xds_ca_file.as_ref().ok_or_else(|| {
+            StartError::Settings(
+                "--rules-xds-tls needs --rules-xds-ca-file (CONFIG_GRPC_XDS_SERVER_TLS_CACERT): \
+                 the xDS server's certificate is checked against that CA only"
+                    .into(),
+            )
+        })?;
+        let mut tls = tonic::transport::ClientTlsConfig::new().ca_certificate(
+            tonic::transport::Certificate::from_pem(read_file("--rules-xds-ca-file", ca)?),
+        );
+        match (&settings.rules_xds_cert, &settings.rules_xds_key) {
+            (Some(cert), Some(key)) => {
+                tls = tls.identity(tonic::transport::Identity::from_pem(
+                    read_file("--rules-xds-cert", cert)?,
+                    read_file("--rules-xds-key", key)?,
+                ));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(StartError::Settings(
+                    "--rules-xds-cert and --rules-xds-key go together".into(),
+                ));
+            }
+        }
+        if let Some(san) = &settings.rules_xds_san {
+            tls = tls.domain_name(san.clone());
+        }
+        Some(tls)
+    } else {
+        None
+    };
+    Ok(xds::XdsClientConfig {
+        uri: xds::server_uri(server, settings.rules_xds_tls).map_err(bad)?,
+        node: xds::node(
+            &settings.rules_xds_node_id,
+            settings.rules_xds_node_metadata.as_deref(),
+        )
+        .map_err(bad)?,
+        headers: xds::headers(settings.rules_xds_headers.as_deref()).map_err(bad)?,
+        tls,
+        backoff: xds::Backoff {
+            initial: settings.rules_xds_backoff_initial,
+            max: settings.rules_xds_backoff_max,
+            random_factor: settings.rules_xds_backoff_random_factor,
+            jitter: settings.rules_xds_backoff_jitter,
+        },
+        max_message_bytes: settings.rules_xds_max_message_bytes,
+        connect_timeout: Duration::from_secs(10),
+    })
+}
+
 /// The gRPC TLS files, when TLS is configured (a certificate needs its key).
 fn tls_files(settings: &Settings) -> Result<Option<tls::TlsFiles>, StartError> {
     match (&settings.grpc_tls_cert, &settings.grpc_tls_key) {
@@ -358,6 +530,7 @@ fn tls_files(settings: &Settings) -> Result<Option<tls::TlsFiles>, StartError> {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: settings.grpc_tls_client_ca.clone(),
+            client_san: settings.grpc_tls_client_san.clone(),
         })),
         _ => Err(StartError::Settings(
             "--grpc-tls-cert and --grpc-tls-key go together".into(),
@@ -397,14 +570,33 @@ fn redis_config(settings: &Settings) -> Result<RedisConfig, StartError> {
         Some(path) => Some(read_file("--redis-ca-file", path)?),
         None => None,
     };
+    if settings.redis_tls_skip_hostname_verification && !settings.redis_sentinel.is_empty() {
+        return Err(StartError::Settings(
+            "--redis-tls-skip-hostname-verification is not supported with Sentinel".into(),
+        ));
+    }
+    let client_cert_pem = match (&settings.redis_tls_cert, &settings.redis_tls_key) {
+        (Some(cert), Some(key)) => Some((
+            read_file("--redis-tls-cert", cert)?,
+            read_file("--redis-tls-key", key)?,
+        )),
+        (None, None) => None,
+        _ => {
+            return Err(StartError::Settings(
+                "--redis-tls-cert and --redis-tls-key go together".into(),
+            ));
+        }
+    };
     let sentinel_ca_pem = match &settings.redis_sentinel_ca_file {
         Some(path) => Some(read_file("--redis-sentinel-ca-file", path)?),
         None => None,
     };
     Ok(RedisConfig {
         topology,
-        tls: settings.redis_tls || ca_pem.is_some(),
+        tls: settings.redis_tls || ca_pem.is_some() || client_cert_pem.is_some(),
         ca_pem,
+        client_cert_pem,
+        skip_hostname_verification: settings.redis_tls_skip_hostname_verification,
         username: settings.redis_user.clone(),
         password: settings.redis_password.as_ref().map(|s| s.0.clone()),
         sentinel: SentinelAuth {

@@ -30,6 +30,8 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub client_ca: Option<PathBuf>,
+    /// A name (DNS SAN) every client certificate must carry, on top of the CA's signature.
+    pub client_san: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +109,31 @@ pub struct TlsWatch {
 }
 
 impl TlsWatch {
+    /// The name client certificates must carry, if one is required.
+    pub fn client_san(&self) -> Option<String> {
+        self.files.client_san.clone()
+    }
+}
+
+/// Whether the client certificate of `stream` carries `san` (its first certificate: the client's
+/// own, which the verifier already tied to the CA).
+fn carries_name(stream: &TlsStream<TcpStream>, san: &str) -> bool {
+    let Some(cert) = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+    else {
+        return false;
+    };
+    let Ok(name) = rustls::pki_types::ServerName::try_from(san) else {
+        return false;
+    };
+    webpki::EndEntityCert::try_from(cert)
+        .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&name).is_ok())
+}
+
+impl TlsWatch {
     /// Loads the files once (start-up fails on files that do not load); returns the watch and
     /// the fingerprint of what is in force.
     pub fn load(files: TlsFiles) -> Result<(TlsWatch, u64), TlsError> {
@@ -153,6 +180,7 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub fn incoming(
     listener: TcpListener,
     current: Arc<ArcSwap<ServerConfig>>,
+    client_san: Option<String>,
     metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
 ) -> tokio_stream::wrappers::ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
@@ -165,6 +193,7 @@ pub fn incoming(
         stop,
         move |tcp, peer| {
             let (sender, permits) = (sender.clone(), permits.clone());
+            let client_san = client_san.clone();
             let acceptor = TlsAcceptor::from(current.load_full());
             async move {
                 let Ok(permit) = permits.acquire_owned().await else {
@@ -176,6 +205,12 @@ pub fn incoming(
                     let _permit = permit;
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
+                            if let Some(san) = &client_san
+                                && !carries_name(&stream, san)
+                            {
+                                tracing::debug!(%peer, %san, "client certificate without the required name");
+                                return;
+                            }
                             let _ = sender.send(Ok(stream)).await;
                         }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),

@@ -39,29 +39,66 @@ pub struct AdminState {
     pub ready_on_permanent_store_errors: bool,
     /// How long the readiness ping of the store may take.
     pub store_ping_timeout: std::time::Duration,
-    /// Serve `/json` (it spends budget like a gateway call: off unless asked for).
-    pub json_enabled: bool,
 }
 
-pub fn router(state: AdminState) -> Router {
-    let mut router = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/healthcheck", get(healthcheck))
-        .route("/readyz", get(readyz))
-        .route("/rlconfig", get(rlconfig))
-        .route("/metrics", get(metrics));
-    if state.json_enabled {
+/// Which endpoints one HTTP listener serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routes {
+    /// `/healthz`, `/readyz`, `/healthcheck`.
+    pub health: bool,
+    /// `/rlconfig` (shows every rule).
+    pub rules: bool,
+    /// `/metrics`, Portcullis' names.
+    pub metrics: bool,
+    /// `POST /json` (it spends budget like a gateway's call).
+    pub json: bool,
+    /// envoyproxy/ratelimit's metric names, at this path.
+    pub go_metrics: Option<String>,
+}
+
+impl Routes {
+    /// The admin listener: everything of ours, `/json` only when asked for.
+    pub fn admin(json: bool) -> Routes {
+        Routes {
+            health: true,
+            rules: true,
+            metrics: true,
+            json,
+            go_metrics: None,
+        }
+    }
+}
+
+pub fn router(state: AdminState, routes: &Routes) -> Router {
+    let mut router = Router::new();
+    if routes.health {
+        router = router
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/healthcheck", get(healthcheck))
+            .route("/readyz", get(readyz));
+    }
+    if routes.rules {
+        router = router.route("/rlconfig", get(rlconfig));
+    }
+    if routes.metrics {
+        router = router.route("/metrics", get(metrics));
+    }
+    if routes.json {
         router = router.route("/json", post(json_call));
+    }
+    if let Some(path) = &routes.go_metrics {
+        router = router.route(path, get(go_metrics));
     }
     router.with_state(state)
 }
 
 /// envoyproxy/ratelimit's HTTP health path: `OK` while serving, 500 once draining (as Go answers).
-async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {
-    if state.draining.load(Ordering::Relaxed) {
-        (StatusCode::INTERNAL_SERVER_ERROR, "")
-    } else {
-        (StatusCode::OK, "OK")
+/// The Go service's health endpoint: `OK`, or 500 whenever this replica is not ready (draining,
+/// no rules with --ready-requires-rules, a store that refuses us), as its probes expect.
+async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, String) {
+    match readiness(&state).await {
+        (true, _) => (StatusCode::OK, "OK".into()),
+        (false, body) => (StatusCode::INTERNAL_SERVER_ERROR, body),
     }
 }
 
@@ -135,6 +172,18 @@ async fn metrics(State(state): State<AdminState>) -> Response {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// envoyproxy/ratelimit's names, as its Prometheus sink serves them (text format 0.0.4).
+async fn go_metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::telemetry::go_names::prometheus_text(&state.metrics),
     )
         .into_response()
 }

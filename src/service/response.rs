@@ -23,6 +23,9 @@ pub enum HeadersMode {
     Draft03,
     /// `ratelimit-limit`, `-remaining`, `-reset` and `ratelimit-policy`; plus `retry-after`.
     Ietf,
+    /// envoyproxy/ratelimit's three headers (`RateLimit-Limit`, `-Remaining`, `-Reset`): the
+    /// limit as a bare number, nothing else.
+    Go,
 }
 
 /// The three headers' names, when the operator renames them (`None`: the mode's own).
@@ -178,6 +181,7 @@ fn headers(
             "x-ratelimit-reset",
         ],
         HeadersMode::Ietf => ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"],
+        HeadersMode::Go => ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"],
     };
     let named = &config.header_names;
     let names = [
@@ -215,6 +219,13 @@ fn headers(
         })
         .collect();
     let reset = source.duration_until_reset.map_or(0, |d| d.seconds);
+    if config.response_headers == HeadersMode::Go {
+        return vec![
+            header(names[0], source_limit.requests_per_unit.to_string()),
+            header(names[1], source.limit_remaining.to_string()),
+            header(names[2], reset.to_string()),
+        ];
+    }
     let mut out = Vec::with_capacity(5);
     match config.response_headers {
         HeadersMode::Draft03 => out.push(header(

@@ -15,6 +15,8 @@ pub struct ServeProcess {
     pub admin_port: u16,
     /// Its standard error: the log.
     log: tempfile::NamedTempFile,
+    /// Holds the `ratelimit` link while the process runs.
+    _link: Option<tempfile::TempDir>,
 }
 
 impl ServeProcess {
@@ -51,11 +53,61 @@ impl ServeProcess {
             grpc_port,
             admin_port,
             log,
+            _link: None,
         };
         wait_until("portcullis to listen", Duration::from_secs(20), || {
             std::net::TcpStream::connect(("127.0.0.1", grpc_port)).is_ok()
         });
         process
+    }
+
+    /// Starts the binary as envoyproxy/ratelimit's image starts it: through a link named
+    /// `ratelimit`, no arguments, and only `envs` in its environment (which must hold GRPC_PORT
+    /// and DEBUG_PORT); waits until gRPC accepts connections.
+    pub fn spawn_as_ratelimit(envs: &[(&str, String)]) -> ServeProcess {
+        let port = |name: &str| -> u16 {
+            envs.iter()
+                .find(|(k, _)| *k == name)
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} must be given"))
+        };
+        let (grpc_port, admin_port) = (port("GRPC_PORT"), port("DEBUG_PORT"));
+        let (link_dir, mut cmd) = Self::ratelimit_command(envs);
+        let log = tempfile::NamedTempFile::new().expect("log file");
+        cmd.stderr(log.reopen().expect("log file"));
+        let mut process = ServeProcess {
+            child: cmd.spawn().expect("start ratelimit"),
+            grpc_port,
+            admin_port,
+            log,
+            _link: Some(link_dir),
+        };
+        let start = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", grpc_port)).is_err() {
+            if let Ok(Some(status)) = process.child.try_wait() {
+                panic!("ratelimit exited ({status}):\n{}", process.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "ratelimit did not listen:\n{}",
+                process.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        process
+    }
+
+    /// The binary behind a link named `ratelimit`, with only `envs` set (the link's directory
+    /// must outlive the command).
+    pub fn ratelimit_command(envs: &[(&str, String)]) -> (tempfile::TempDir, Command) {
+        let link_dir = tempfile::tempdir().expect("temp dir");
+        let link = link_dir.path().join("ratelimit");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_portcullis"), &link).expect("link");
+        let mut cmd = Command::new(&link);
+        cmd.env_clear()
+            .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(Stdio::null());
+        (link_dir, cmd)
     }
 
     /// What it has logged so far.

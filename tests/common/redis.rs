@@ -20,15 +20,29 @@ pub fn require_redis() {
     );
 }
 
+/// A loopback port nobody listens on, with port + 10000 free too (a cluster node's bus).
+///
+/// Taken below Linux's ephemeral range (32768 and up) and handed out in turn within the process:
+/// a port the OS picked for `:0` can be given to another socket's outgoing connection between
+/// the check and the real bind, and two tests of one binary must never get the same port.
 pub fn free_port() -> u16 {
-    // The OS hands out a free port; a cluster also needs port + 10000 (the bus) free.
-    for _ in 0..50 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const LOW: u16 = 11_000;
+    const SPAN: u16 = 11_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    // Each test binary starts at its own place, so that binaries run side by side rarely meet.
+    let _ = NEXT.compare_exchange(
+        0,
+        1 + (std::process::id() % u32::from(SPAN)) as u16,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % SPAN;
+        let port = LOW + offset;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
             return port;
         }
     }

@@ -70,6 +70,11 @@ pub struct RedisConfig {
     pub tls: bool,
     /// PEM root certificate(s) to trust instead of the system's (a private CA).
     pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate and key presented to Redis (TLS client authentication).
+    pub client_cert_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// Accept a server certificate whose name does not match the address (the chain is still
+    /// verified): endpoints reached through a name their certificate does not carry.
+    pub skip_hostname_verification: bool,
     pub username: Option<String>,
     pub password: Option<String>,
     pub sentinel: SentinelAuth,
@@ -93,6 +98,14 @@ impl std::fmt::Debug for RedisConfig {
             .field("topology", &topology)
             .field("tls", &self.tls)
             .field("ca", &self.ca_pem.as_ref().map(|_| "from file"))
+            .field(
+                "client_certificate",
+                &self.client_cert_pem.as_ref().map(|_| "from file"),
+            )
+            .field(
+                "skip_hostname_verification",
+                &self.skip_hostname_verification,
+            )
             .field("username", &self.username)
             .field("password", &redacted(&self.password))
             .field("sentinel_tls", &self.sentinel.tls)
@@ -151,10 +164,21 @@ pub fn tcp_settings() -> TcpSettings {
     )
 }
 
-fn certificates(ca_pem: &Option<Vec<u8>>) -> Option<TlsCertificates> {
-    ca_pem.clone().map(|pem| TlsCertificates {
-        client_tls: None,
-        root_cert: Some(pem),
+fn certificates(
+    ca_pem: &Option<Vec<u8>>,
+    client: &Option<(Vec<u8>, Vec<u8>)>,
+) -> Option<TlsCertificates> {
+    if ca_pem.is_none() && client.is_none() {
+        return None;
+    }
+    Some(TlsCertificates {
+        client_tls: client
+            .clone()
+            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: ca_pem.clone(),
     })
 }
 
@@ -410,9 +434,19 @@ impl Backend {
                 let info = info
                     .set_redis_settings(redis_info)
                     .set_tcp_settings(tcp_settings());
-                let client = match certificates(&config.ca_pem) {
+                let client = match certificates(&config.ca_pem, &config.client_cert_pem) {
                     Some(certs) => redis::Client::build_with_tls(info, certs)?,
                     None => redis::Client::open(info)?,
+                };
+                let client = if config.skip_hostname_verification {
+                    // Set on the address after the certificates: building with them replaces
+                    // the address' TLS parameters.
+                    let info = client.get_connection_info().clone();
+                    let mut addr = info.addr().clone();
+                    addr.set_danger_accept_invalid_hostnames(true);
+                    redis::Client::open(info.set_addr(addr))?
+                } else {
+                    client
                 };
                 Ok(Backend::Pool(ConnectionSet::new(
                     Target::Direct(client),
@@ -433,7 +467,7 @@ impl Backend {
                 if let Some(mode) = tls_mode {
                     builder = builder.set_client_to_redis_tls_mode(mode);
                 }
-                if let Some(certs) = certificates(&config.ca_pem) {
+                if let Some(certs) = certificates(&config.ca_pem, &config.client_cert_pem) {
                     builder = builder.set_client_to_redis_certificates(certs);
                 }
                 if let Some(user) = &config.username {
@@ -445,7 +479,7 @@ impl Backend {
                 if sentinel.tls {
                     builder = builder.set_client_to_sentinel_tls_mode(TlsMode::Secure);
                 }
-                if let Some(certs) = certificates(&sentinel.ca_pem) {
+                if let Some(certs) = certificates(&sentinel.ca_pem, &config.client_cert_pem) {
                     builder = builder.set_client_to_sentinel_certificates(certs);
                 }
                 if let Some(user) = &sentinel.username {
@@ -481,8 +515,11 @@ impl Backend {
                 if let Some(mode) = tls_mode {
                     builder = builder.tls(mode);
                 }
-                if let Some(certs) = certificates(&config.ca_pem) {
+                if let Some(certs) = certificates(&config.ca_pem, &config.client_cert_pem) {
                     builder = builder.certs(certs);
+                }
+                if config.skip_hostname_verification {
+                    builder = builder.danger_accept_invalid_hostnames(true);
                 }
                 if let Some(user) = &config.username {
                     builder = builder.username(user);
@@ -512,6 +549,8 @@ mod tests {
             topology: Topology::Standalone("redis://user:hunter2@127.0.0.1:6379".into()),
             tls: false,
             ca_pem: None,
+            client_cert_pem: None,
+            skip_hostname_verification: false,
             username: Some("user".into()),
             password: Some("hunter2".into()),
             sentinel: SentinelAuth {

@@ -8,14 +8,24 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::builder::{EnumValueParser, TypedValueParser};
+use clap::builder::{EnumValueParser, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::algorithm::Algorithm;
 use crate::limiter::FailureMode;
 use crate::rules::LoadOptions;
 use crate::service::HeadersMode;
-use crate::telemetry::LogFormat;
+use crate::service::admin::Routes;
+use crate::telemetry::{LogFormat, OtlpProtocol, TracingConfig};
+
+pub mod go;
+
+/// One more HTTP listener and what it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpListener {
+    pub addr: SocketAddr,
+    pub routes: Routes,
+}
 
 #[derive(Parser)]
 #[command(
@@ -181,6 +191,8 @@ enum HeadersArg {
     Draft03,
     /// `ratelimit-limit`, `-remaining`, `-reset` and `ratelimit-policy`; plus `retry-after`.
     Ietf,
+    /// The Go service's three headers only (`RateLimit-Limit`, `-Remaining`, `-Reset`).
+    Go,
 }
 
 impl From<HeadersArg> for HeadersMode {
@@ -189,6 +201,7 @@ impl From<HeadersArg> for HeadersMode {
             HeadersArg::Off => HeadersMode::Off,
             HeadersArg::Draft03 => HeadersMode::Draft03,
             HeadersArg::Ietf => HeadersMode::Ietf,
+            HeadersArg::Go => HeadersMode::Go,
         }
     }
 }
@@ -231,6 +244,16 @@ pub struct Settings {
     /// PEM CA whose client certificates are required (mTLS).
     #[arg(long, env = "PORTCULLIS_GRPC_TLS_CLIENT_CA")]
     pub grpc_tls_client_ca: Option<PathBuf>,
+    /// With --grpc-tls-client-ca: a name (DNS SAN) every client certificate must carry.
+    #[arg(long, env = "PORTCULLIS_GRPC_TLS_CLIENT_SAN")]
+    pub grpc_tls_client_san: Option<String>,
+    /// Close gRPC connections after this age (clients reconnect, so load spreads over new
+    /// replicas); unset: never.
+    #[arg(long, env = "PORTCULLIS_GRPC_MAX_CONNECTION_AGE", value_parser = parse_duration)]
+    pub grpc_max_connection_age: Option<Duration>,
+    /// How long calls on a connection past its age may still finish.
+    #[arg(long, env = "PORTCULLIS_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration)]
+    pub grpc_max_connection_age_grace: Option<Duration>,
     /// Admin HTTP listen address (/healthz, /readyz, /rlconfig, /metrics).
     #[arg(long, env = "PORTCULLIS_ADMIN_ADDR", default_value = "127.0.0.1:8080")]
     pub admin_addr: SocketAddr,
@@ -279,6 +302,16 @@ pub struct Settings {
     /// Connect to Redis over TLS (rustls, system trust roots).
     #[arg(long, env = "PORTCULLIS_REDIS_TLS")]
     pub redis_tls: bool,
+    /// PEM client certificate presented to Redis (TLS client authentication), with its key.
+    #[arg(long, env = "PORTCULLIS_REDIS_TLS_CERT")]
+    pub redis_tls_cert: Option<PathBuf>,
+    /// PEM private key of --redis-tls-cert.
+    #[arg(long, env = "PORTCULLIS_REDIS_TLS_KEY")]
+    pub redis_tls_key: Option<PathBuf>,
+    /// Accept a Redis certificate whose name does not match the address (the chain is still
+    /// verified): for endpoints reached through an address the certificate does not name.
+    #[arg(long, env = "PORTCULLIS_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
+    pub redis_tls_skip_hostname_verification: bool,
     /// PEM file of the CA that signed the Redis servers' certificates (default: system roots).
     #[arg(long, env = "PORTCULLIS_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
@@ -427,9 +460,114 @@ pub struct Settings {
     /// How often the rules directory is checked for changes.
     #[arg(long, env = "PORTCULLIS_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub reload_interval: Duration,
-    /// OTLP (gRPC) collector for traces, e.g. http://otel-collector:4317; the standard variable.
+    /// OTLP collector for traces, e.g. http://otel-collector:4317; the standard variable.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// OTLP transport: `grpc` (port 4317) or `http/protobuf` (port 4318); the standard variable.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
+        default_value = "grpc",
+        value_parser = PossibleValuesParser::new(["grpc", "http/protobuf"]).map(|p| {
+            if p == "grpc" { OtlpProtocol::Grpc } else { OtlpProtocol::HttpProtobuf }
+        })
+    )]
+    pub otlp_protocol: OtlpProtocol,
+    /// The service name traces carry; the standard variable.
+    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "portcullis")]
+    pub otel_service_name: String,
+    /// Share of the traces started here that are kept (1 = all); Envoy's sampling decision is
+    /// followed when it sends one.
+    #[arg(long, env = "PORTCULLIS_TRACES_SAMPLING_RATIO")]
+    pub traces_sampling_ratio: Option<f64>,
+    /// Send counters to a statsd server (`host:port`, UDP) under envoyproxy/ratelimit's stat
+    /// names, for dashboards built on its statsd output.
+    #[arg(long, env = "PORTCULLIS_STATSD_ADDR")]
+    pub statsd_addr: Option<String>,
+    /// How often counters are sent to statsd.
+    #[arg(long, env = "PORTCULLIS_STATSD_FLUSH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub statsd_flush_interval: Duration,
+    /// Serve Prometheus metrics under envoyproxy/ratelimit's names and labels (its Prometheus
+    /// sink's mapping) on this address, for dashboards and alerts built on them.
+    #[arg(long, env = "PORTCULLIS_GO_METRICS_ADDR")]
+    pub go_metrics_addr: Option<SocketAddr>,
+    /// The path of --go-metrics-addr's metrics.
+    #[arg(long, env = "PORTCULLIS_GO_METRICS_PATH", default_value = "/metrics")]
+    pub go_metrics_path: String,
+    /// The algorithm of rules that do not say (`algorithm:`); the Go service counts fixed windows.
+    #[arg(
+        long,
+        env = "PORTCULLIS_DEFAULT_ALGORITHM",
+        default_value = "sliding-window",
+        value_parser = EnumValueParser::<AlgorithmArg>::new().map(Algorithm::from)
+    )]
+    pub default_algorithm: Algorithm,
+    /// Read envoyproxy/ratelimit's environment variables instead (`go`): what a Deployment
+    /// written for the Go service sets. Running the binary as `ratelimit` does the same.
+    #[arg(long, env = "PORTCULLIS_ENV_COMPAT", value_parser = PossibleValuesParser::new(["go"]))]
+    pub env_compat: Option<String>,
+    /// Take the rules from an xDS server (state of the world, the `RateLimitConfig` resources
+    /// Envoy Gateway pushes) instead of --config: `host:port` or `http(s)://host:port`.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_SERVER")]
+    pub rules_xds_server: Option<String>,
+    /// The node id this client announces to the xDS server.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_NODE_ID", default_value = "default")]
+    pub rules_xds_node_id: String,
+    /// Node metadata for the xDS server, as `key=value,key=value`.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_NODE_METADATA")]
+    pub rules_xds_node_metadata: Option<String>,
+    /// Headers sent with the xDS stream, as `key:value,key:value`.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_HEADERS", hide_env_values = true)]
+    pub rules_xds_headers: Option<String>,
+    /// TLS to the xDS server.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_TLS")]
+    pub rules_xds_tls: bool,
+    /// PEM CA for the xDS server's certificate.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_CA_FILE")]
+    pub rules_xds_ca_file: Option<PathBuf>,
+    /// PEM client certificate for the xDS server (mTLS), with --rules-xds-key.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_CERT")]
+    pub rules_xds_cert: Option<PathBuf>,
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_KEY")]
+    pub rules_xds_key: Option<PathBuf>,
+    /// The name the xDS server's certificate must carry (default: the server's host).
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_SAN")]
+    pub rules_xds_san: Option<String>,
+    /// First wait before reconnecting to the xDS server.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_BACKOFF_INITIAL", default_value = "1s", value_parser = parse_duration)]
+    pub rules_xds_backoff_initial: Duration,
+    /// Longest wait before reconnecting.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_BACKOFF_MAX", default_value = "60s", value_parser = parse_duration)]
+    pub rules_xds_backoff_max: Duration,
+    /// Each wait is spread by up to this share either way.
+    #[arg(
+        long,
+        env = "PORTCULLIS_RULES_XDS_BACKOFF_RANDOM_FACTOR",
+        default_value_t = 0.5
+    )]
+    pub rules_xds_backoff_random_factor: f64,
+    /// Spread the waits at all.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_BACKOFF_JITTER", default_value_t = true, action = clap::ArgAction::Set)]
+    pub rules_xds_backoff_jitter: bool,
+    /// Largest xDS message accepted, in bytes.
+    #[arg(long, env = "PORTCULLIS_RULES_XDS_MAX_MESSAGE_BYTES", default_value_t = 4 << 20)]
+    pub rules_xds_max_message_bytes: usize,
+    /// With xDS: serve before the first rules arrive (every call OK until then) instead of
+    /// waiting for them.
+    #[arg(long, env = "PORTCULLIS_FORCE_START_WITHOUT_INITIAL_RULES")]
+    pub force_start_without_initial_rules: bool,
+    /// Go mode: TRACING_SERVICE_NAMESPACE.
+    #[arg(skip)]
+    pub otel_service_namespace: Option<String>,
+    /// Go mode: TRACING_SERVICE_INSTANCE_ID.
+    #[arg(skip)]
+    pub otel_service_instance_id: Option<String>,
+    /// More HTTP listeners, each with its own routes (set by Go mode: Go's PORT and DEBUG_PORT).
+    #[arg(skip)]
+    pub http_listeners: Vec<HttpListener>,
+    /// Go mode: variables read but deliberately not acted on, logged once at start-up.
+    #[arg(skip)]
+    pub ignored_variables: Vec<String>,
     /// Log level or filter (RUST_LOG syntax); RUST_LOG wins when set.
     #[arg(long, env = "PORTCULLIS_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -501,6 +639,51 @@ impl Settings {
             Duration::ZERO,
             Duration::from_secs(600),
         );
+        duration(
+            "--statsd-flush-interval",
+            self.statsd_flush_interval,
+            Duration::from_millis(10),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--rules-xds-backoff-initial",
+            self.rules_xds_backoff_initial,
+            Duration::from_millis(1),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--rules-xds-backoff-max",
+            self.rules_xds_backoff_max,
+            self.rules_xds_backoff_initial,
+            Duration::from_secs(3600),
+        );
+        if let Some(age) = self.grpc_max_connection_age {
+            duration(
+                "--grpc-max-connection-age",
+                age,
+                Duration::from_secs(1),
+                Duration::from_secs(365 * 86_400),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.rules_xds_backoff_random_factor) {
+            problems.push(format!(
+                "--rules-xds-backoff-random-factor {} must be a number from 0 to 1",
+                self.rules_xds_backoff_random_factor
+            ));
+        }
+        if let Some(ratio) = self.traces_sampling_ratio
+            && !(0.0..=1.0).contains(&ratio)
+        {
+            problems.push(format!(
+                "--traces-sampling-ratio {ratio} must be a number from 0 to 1"
+            ));
+        }
+        if self.rules_xds_max_message_bytes < 1024 {
+            problems.push(format!(
+                "--rules-xds-max-message-bytes {} must be at least 1024",
+                self.rules_xds_max_message_bytes
+            ));
+        }
         if let Some(timeout) = self.grpc_request_timeout
             && (timeout <= self.store_timeout || timeout > Duration::from_secs(600))
         {
@@ -552,6 +735,19 @@ impl Settings {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             merge_domains: self.merge_domain_config,
+            default_algorithm: self.default_algorithm,
+        }
+    }
+
+    /// Where traces go (Go mode adds its namespace and instance from TRACING_*).
+    pub fn tracing(&self) -> TracingConfig {
+        TracingConfig {
+            endpoint: self.otlp_endpoint.clone().filter(|e| !e.is_empty()),
+            protocol: self.otlp_protocol,
+            service_name: self.otel_service_name.clone(),
+            service_namespace: self.otel_service_namespace.clone(),
+            service_instance_id: self.otel_service_instance_id.clone(),
+            sampling_ratio: self.traces_sampling_ratio,
         }
     }
 
@@ -577,12 +773,18 @@ impl Settings {
             grpc_tls_cert: None,
             grpc_tls_key: None,
             grpc_tls_client_ca: None,
+            grpc_tls_client_san: None,
+            grpc_max_connection_age: None,
+            grpc_max_connection_age_grace: None,
             store: StoreKind::Memory,
             redis_url: None,
             redis_cluster: Vec::new(),
             redis_sentinel: Vec::new(),
             redis_master: None,
             redis_tls: false,
+            redis_tls_cert: None,
+            redis_tls_key: None,
+            redis_tls_skip_hostname_verification: false,
             redis_ca_file: None,
             redis_user: None,
             redis_password: None,
@@ -622,6 +824,34 @@ impl Settings {
             reload_interval: Duration::from_millis(100),
             otlp_endpoint: None,
             log_level: "warn".into(),
+            otlp_protocol: OtlpProtocol::Grpc,
+            otel_service_name: "portcullis".into(),
+            traces_sampling_ratio: None,
+            statsd_addr: None,
+            statsd_flush_interval: Duration::from_secs(10),
+            go_metrics_addr: None,
+            go_metrics_path: "/metrics".into(),
+            default_algorithm: Algorithm::SlidingWindow,
+            env_compat: None,
+            rules_xds_server: None,
+            rules_xds_node_id: "default".into(),
+            rules_xds_node_metadata: None,
+            rules_xds_headers: None,
+            rules_xds_tls: false,
+            rules_xds_ca_file: None,
+            rules_xds_cert: None,
+            rules_xds_key: None,
+            rules_xds_san: None,
+            rules_xds_backoff_initial: Duration::from_secs(1),
+            rules_xds_backoff_max: Duration::from_secs(60),
+            rules_xds_backoff_random_factor: 0.5,
+            rules_xds_backoff_jitter: true,
+            rules_xds_max_message_bytes: 4 << 20,
+            force_start_without_initial_rules: false,
+            otel_service_namespace: None,
+            otel_service_instance_id: None,
+            http_listeners: Vec::new(),
+            ignored_variables: Vec::new(),
             log_format: LogFormat::Text,
         }
     }

@@ -11,6 +11,8 @@
 //! the crate: every floor may count and log. It must never label a series with raw request data
 //! unless a rule asks for it (`detailed_metric`).
 
+pub mod go_names;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::layer::SubscriberExt;
@@ -43,9 +45,58 @@ impl Telemetry {
     }
 }
 
+/// How traces leave the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OtlpProtocol {
+    /// OTLP over gRPC (collector port 4317).
+    #[default]
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies (port 4318): the Go service's default.
+    HttpProtobuf,
+}
+
+/// Where traces go, and who they say they come from. No endpoint: no exporter at all.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TracingConfig {
+    pub endpoint: Option<String>,
+    pub protocol: OtlpProtocol,
+    pub service_name: String,
+    pub service_namespace: Option<String>,
+    pub service_instance_id: Option<String>,
+    /// Share of the traces started here that are kept; `None`: all. Envoy's decision (a sampled
+    /// parent) is followed either way.
+    pub sampling_ratio: Option<f64>,
+}
+
+fn span_exporter(
+    endpoint: &str,
+    protocol: OtlpProtocol,
+) -> Result<opentelemetry_otlp::SpanExporter, opentelemetry_otlp::ExporterBuildError> {
+    use opentelemetry_otlp::WithExportConfig;
+    match protocol {
+        OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .build(),
+        OtlpProtocol::HttpProtobuf => {
+            // The standard: the signal's path below the base endpoint.
+            let url = if endpoint.ends_with("/v1/traces") {
+                endpoint.to_owned()
+            } else {
+                format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+            };
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(url)
+                .build()
+        }
+    }
+}
+
 /// Installs the global subscriber (a second call, in tests, is a no-op). Must run inside the
-/// tokio runtime when an OTLP endpoint is given: the exporter's gRPC channel lives there.
-pub fn init(level: &str, format: LogFormat, otlp_endpoint: Option<&str>) -> Telemetry {
+/// tokio runtime when an OTLP endpoint is given: the exporter's connection lives there.
+pub fn init(level: &str, format: LogFormat, tracing: &TracingConfig) -> Telemetry {
     let filter = || {
         EnvFilter::try_from_default_env()
             .or_else(|_| EnvFilter::try_new(level))
@@ -64,21 +115,33 @@ pub fn init(level: &str, format: LogFormat, otlp_endpoint: Option<&str>) -> Tele
     }
     .with_filter(filter());
     let mut telemetry = Telemetry::default();
-    let traces = otlp_endpoint.and_then(|endpoint| {
-        use opentelemetry_otlp::WithExportConfig;
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint)
-            .build();
-        match exporter {
+    let traces = tracing.endpoint.as_deref().and_then(|endpoint| {
+        match span_exporter(endpoint, tracing.protocol) {
             Ok(exporter) => {
+                let mut resource = opentelemetry_sdk::Resource::builder()
+                    .with_service_name(tracing.service_name.clone());
+                if let Some(namespace) = &tracing.service_namespace {
+                    resource = resource.with_attribute(opentelemetry::KeyValue::new(
+                        "service.namespace",
+                        namespace.clone(),
+                    ));
+                }
+                if let Some(instance) = &tracing.service_instance_id {
+                    resource = resource.with_attribute(opentelemetry::KeyValue::new(
+                        "service.instance.id",
+                        instance.clone(),
+                    ));
+                }
+                let sampler = opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
+                    match tracing.sampling_ratio {
+                        Some(ratio) => opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(ratio),
+                        None => opentelemetry_sdk::trace::Sampler::AlwaysOn,
+                    },
+                ));
                 let provider = SdkTracerProvider::builder()
                     .with_batch_exporter(exporter)
-                    .with_resource(
-                        opentelemetry_sdk::Resource::builder()
-                            .with_service_name("portcullis")
-                            .build(),
-                    )
+                    .with_sampler(sampler)
+                    .with_resource(resource.build())
                     .build();
                 let tracer = provider.tracer("portcullis");
                 opentelemetry::global::set_text_map_propagator(
@@ -219,6 +282,8 @@ pub struct Metrics {
     pub detailed_series_folded: Counter,
     pub accept_errors: Family<ListenerLabels, Counter>,
     pub ready: Gauge,
+    pub rules_xds_connected: Gauge,
+    pub rules_xds_stream_errors: Counter,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
     /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
@@ -253,6 +318,8 @@ impl Metrics {
             detailed_series_folded: Counter::default(),
             accept_errors: Family::default(),
             ready: Gauge::default(),
+            rules_xds_connected: Gauge::default(),
+            rules_xds_stream_errors: Counter::default(),
             near_limit_ratio,
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
@@ -399,6 +466,20 @@ impl Metrics {
             "ready",
             "1 while this replica is ready (what /readyz and gRPC health say), else 0",
             m.ready.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rules_xds_connected",
+            "1 while the xDS rules stream is open, else 0 (rules from xDS only)",
+            m.rules_xds_connected.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rules_xds_stream_errors",
+            "xDS rules streams that ended or could not be opened (each is retried with back-off)",
+            m.rules_xds_stream_errors.clone(),
         );
         Metrics {
             registry,

@@ -1,0 +1,306 @@
+//! The binary run as envoyproxy/ratelimit's image runs it: `/bin/ratelimit`, no flags, the Go
+//! service's environment variables. Each test gives it a Go-style environment for one Redis
+//! layout and checks what a Deployment written for the Go service relies on: the config tree
+//! under RUNTIME_ROOT, the ports (GRPC_PORT, PORT with /healthcheck and /json, DEBUG_PORT with
+//! /rlconfig), fixed-window counting, and the Go service's stat names over statsd and Prometheus.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::process::ServeProcess;
+use common::redis::{RedisCluster, RedisSentinel, RedisServer, cli, free_port};
+use common::request;
+use portcullis::pb::RateLimitServiceClient;
+use portcullis::pb::rate_limit_response::Code;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// Three calls a day per user: the Go service's file format, no `algorithm` (so fixed window).
+const RULES: &str = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: day\n      requests_per_unit: 3\n";
+
+/// The Go config tree: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY (default `config`).
+fn config_tree() -> tempfile::TempDir {
+    let root = tempfile::tempdir().expect("temp dir");
+    let dir = root.path().join("current/ratelimit/config");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("edge.yaml"), RULES).unwrap();
+    root
+}
+
+/// The variables every test sets: loopback listeners on free ports, the runtime tree, no statsd
+/// (the Go default would send to localhost:8125).
+fn go_env(root: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", free_port().to_string()),
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", free_port().to_string()),
+        ("DEBUG_HOST", "127.0.0.1".into()),
+        ("DEBUG_PORT", free_port().to_string()),
+        (
+            "RUNTIME_ROOT",
+            root.join("current").to_string_lossy().into_owned(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("USE_STATSD", "false".into()),
+        ("LOG_LEVEL", "info".into()),
+    ]
+}
+
+fn var(envs: &[(&str, String)], name: &str) -> u16 {
+    envs.iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap()
+}
+
+async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    let status = raw[9..12].parse().expect("status");
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Waits past a UTC day boundary if one is under a minute away, so the day's fixed window cannot
+/// turn over in the middle of a test.
+fn clear_of_day_boundary() {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let left = 86_400 - now.as_secs() % 86_400;
+    if left < 60 {
+        std::thread::sleep(Duration::from_secs(left + 1));
+    }
+}
+
+/// What a Go deployment relies on, against whichever Redis `envs` names: three calls admitted,
+/// the fourth refused (fixed window), the Go endpoints on the Go ports.
+async fn serves_like_the_go_service(server: &ServeProcess, envs: &[(&str, String)], user: &str) {
+    clear_of_day_boundary();
+    let mut client = RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect to GRPC_PORT");
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let answer = client
+            .should_rate_limit(request("edge", &[&[("user", user)]]))
+            .await
+            .unwrap_or_else(|e| panic!("call failed: {e}\n{}", server.log()))
+            .into_inner();
+        codes.push(answer.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OK, OVER], "{}", server.log());
+
+    let port = var(envs, "PORT");
+    assert_eq!(
+        http(port, "GET", "/healthcheck", "").await,
+        (200, "OK".into())
+    );
+    let body = format!(
+        r#"{{"domain":"edge","descriptors":[{{"entries":[{{"key":"user","value":"{user}"}}]}}]}}"#
+    );
+    let (status, answer) = http(port, "POST", "/json", &body).await;
+    assert_eq!(status, 429, "{answer}");
+    assert!(answer.contains("OVER_LIMIT"), "{answer}");
+
+    let (status, listing) = http(var(envs, "DEBUG_PORT"), "GET", "/rlconfig", "").await;
+    assert_eq!(status, 200);
+    assert!(listing.contains("edge.user"), "{listing}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_redis_on_a_unix_socket_with_a_user_and_key_prefix() {
+    let root = config_tree();
+    let socket = root.path().join("redis.sock");
+    let socket_text = socket.to_string_lossy().into_owned();
+    let redis = RedisServer::start_with(&["--unixsocket", &socket_text, "--unixsocketperm", "700"]);
+    cli(
+        redis.port,
+        &["ACL", "SETUSER", "limiter", "on", ">s3cret", "~*", "+@all"],
+    );
+    let mut envs = go_env(root.path());
+    // REDIS_SOCKET_TYPE defaults to unix, REDIS_TYPE to SINGLE: a path is enough.
+    envs.extend([
+        ("REDIS_URL", socket_text.clone()),
+        ("REDIS_AUTH", "limiter:s3cret".into()),
+        ("CACHE_KEY_PREFIX", "gw_".into()),
+        ("RUNTIME_WATCH_ROOT", "false".into()),
+    ]);
+    let server = ServeProcess::spawn_as_ratelimit(&envs);
+    serves_like_the_go_service(&server, &envs, "alice").await;
+
+    let keys = cli(redis.port, &["KEYS", "*"]);
+    assert!(
+        keys.starts_with("gw_{edge|user=alice}:fw:"),
+        "one fixed-window counter under the prefix, got {keys:?}"
+    );
+    assert!(
+        cli(redis.port, &["CLIENT", "LIST"]).contains("user=limiter"),
+        "REDIS_AUTH's user is the one connected"
+    );
+    assert!(
+        server.log().contains("RUNTIME_WATCH_ROOT"),
+        "an ignored variable is logged: {}",
+        server.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_redis_named_by_master_and_sentinels() {
+    let root = config_tree();
+    let setup = RedisSentinel::start();
+    let mut envs = go_env(root.path());
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_TYPE", "SENTINEL".into()),
+        (
+            "REDIS_URL",
+            format!("mymaster,{}", setup.sentinel_addrs().join(",")),
+        ),
+    ]);
+    let server = ServeProcess::spawn_as_ratelimit(&envs);
+    serves_like_the_go_service(&server, &envs, "bob").await;
+    assert!(
+        cli(setup.master.port, &["KEYS", "*"]).contains("{edge|user=bob}:fw:"),
+        "the counter is on the master the sentinels name"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_redis_from_seed_nodes() {
+    let root = config_tree();
+    let cluster = RedisCluster::start();
+    let mut envs = go_env(root.path());
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_TYPE", "CLUSTER".into()),
+        ("REDIS_URL", cluster.seeds().join(",")),
+    ]);
+    let server = ServeProcess::spawn_as_ratelimit(&envs);
+    serves_like_the_go_service(&server, &envs, "carol").await;
+    let owner = cluster.master_of("edge|user=carol");
+    assert!(
+        cli(owner, &["KEYS", "*"]).contains("{edge|user=carol}:fw:"),
+        "the counter is on the node owning its hash tag"
+    );
+}
+
+/// Adds up `name:N|c` lines from the statsd packets on `socket` until `want` holds or 10 s pass.
+fn statsd_counts(
+    socket: &std::net::UdpSocket,
+    want: impl Fn(&BTreeMap<String, i64>) -> bool,
+) -> BTreeMap<String, i64> {
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut counts = BTreeMap::new();
+    let start = Instant::now();
+    let mut buf = [0u8; 65_536];
+    while !want(&counts) && start.elapsed() < Duration::from_secs(10) {
+        let Ok(n) = socket.recv(&mut buf) else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&buf[..n]).lines() {
+            if let Some((name, rest)) = line.split_once(':')
+                && let Some(value) = rest.strip_suffix("|c")
+            {
+                *counts.entry(name.to_owned()).or_insert(0) += value.parse::<i64>().unwrap();
+            }
+        }
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_stat_names_over_statsd_and_prometheus() {
+    let root = config_tree();
+    let redis = RedisServer::start();
+    let statsd = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let prometheus = free_port();
+    let mut envs = go_env(root.path());
+    envs.retain(|(k, _)| *k != "USE_STATSD");
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        // USE_STATSD defaults to true.
+        ("STATSD_HOST", "127.0.0.1".into()),
+        (
+            "STATSD_PORT",
+            statsd.local_addr().unwrap().port().to_string(),
+        ),
+        ("STATS_FLUSH_INTERVAL", "100ms".into()),
+        ("USE_PROMETHEUS", "true".into()),
+        ("PROMETHEUS_ADDR", format!("127.0.0.1:{prometheus}")),
+        ("PROMETHEUS_PATH", "/metrics".into()),
+    ]);
+    let server = ServeProcess::spawn_as_ratelimit(&envs);
+    serves_like_the_go_service(&server, &envs, "dave").await;
+
+    let hits = "ratelimit.service.rate_limit.edge.user.total_hits";
+    let over = "ratelimit.service.rate_limit.edge.user.over_limit";
+    // Four gRPC calls and one /json call.
+    let counts = statsd_counts(&statsd, |c| {
+        c.get(hits) == Some(&5) && c.get(over) == Some(&2)
+    });
+    assert_eq!(counts.get(hits), Some(&5), "{counts:?}");
+    assert_eq!(counts.get(over), Some(&2), "{counts:?}");
+
+    let (status, text) = http(prometheus, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    for series in [
+        r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="user"} 5"#,
+        r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="user"} 2"#,
+        r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="user"} 3"#,
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series} in:\n{text}");
+    }
+}
+
+#[test]
+fn a_go_variable_that_cannot_be_honoured_stops_the_start_naming_it() {
+    let root = config_tree();
+    let mut envs = go_env(root.path());
+    envs.push(("BACKEND_TYPE", "memcache".into()));
+    envs.push(("REDIS_PERSECOND", "true".into()));
+    let (_link, mut cmd) = ServeProcess::ratelimit_command(&envs);
+    let out = cmd.output().expect("run ratelimit");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("BACKEND_TYPE") && err.contains("REDIS_PERSECOND"),
+        "{err}"
+    );
+    // Nothing listens: it stopped before serving.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", var(&envs, "GRPC_PORT"))).is_err());
+}
+
+#[test]
+fn serve_env_compat_go_reads_the_same_environment() {
+    let root = config_tree();
+    let mut envs = go_env(root.path());
+    envs.push(("REDIS_TYPE", "MEMCACHED".into()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["serve", "--env-compat", "go"])
+        .env_clear()
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run portcullis");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("REDIS_TYPE"), "{err}");
+}

@@ -1,0 +1,389 @@
+//! Rules over xDS, against an in-process xDS server (tonic) that the test drives: it pushes a
+//! set, an update, an invalid set, and breaks the stream; Portcullis must ACK what it applies,
+//! NACK what it refuses (with the reason, keeping the last good rules), and come back after a
+//! disconnect asking for the version it holds.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{START_US, request};
+use portcullis::clock::ManualClock;
+use portcullis::pb::RateLimitServiceClient;
+use portcullis::pb::rate_limit_response::Code;
+use portcullis::pb::xds::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer, DiscoveryRequest,
+    DiscoveryResponse, RULES_TYPE_URL, rules as pb,
+};
+use portcullis::server::{self, Running};
+use portcullis::settings::Settings;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+type Outbound = mpsc::Sender<Result<DiscoveryResponse, Status>>;
+
+/// The control plane: records what the client sends, and sends what the test says on the stream
+/// open at the moment.
+#[derive(Clone)]
+struct ControlPlane {
+    requests: mpsc::UnboundedSender<DiscoveryRequest>,
+    current: Arc<Mutex<Option<Outbound>>>,
+    streams: Arc<Mutex<Vec<tonic::metadata::MetadataMap>>>,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for ControlPlane {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        self.streams
+            .lock()
+            .unwrap()
+            .push(request.metadata().clone());
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        *self.current.lock().unwrap() = Some(tx);
+        let requests = self.requests.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(r)) = inbound.message().await {
+                if requests.send(r).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+struct Harness {
+    plane: ControlPlane,
+    requests: mpsc::UnboundedReceiver<DiscoveryRequest>,
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Harness {
+    async fn start(tls: Option<tonic::transport::ServerTlsConfig>) -> Harness {
+        Self::start_at(0, tls).await
+    }
+
+    async fn start_at(port: u16, tls: Option<tonic::transport::ServerTlsConfig>) -> Harness {
+        let (tx, requests) = mpsc::unbounded_channel();
+        let plane = ControlPlane {
+            requests: tx,
+            current: Arc::default(),
+            streams: Arc::default(),
+        };
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).unwrap();
+        }
+        let router = builder.add_service(AggregatedDiscoveryServiceServer::new(plane.clone()));
+        let task = tokio::spawn(async move {
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        Harness {
+            plane,
+            requests,
+            addr,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// The next request from the client (10 s at most).
+    async fn next(&mut self) -> DiscoveryRequest {
+        tokio::time::timeout(Duration::from_secs(10), self.requests.recv())
+            .await
+            .expect("a request from the client within 10 s")
+            .expect("control plane alive")
+    }
+
+    async fn push(&self, version: &str, nonce: &str, configs: &[pb::RateLimitConfig]) {
+        let response = DiscoveryResponse {
+            version_info: version.into(),
+            resources: configs
+                .iter()
+                .map(|c| prost_types::Any {
+                    type_url: RULES_TYPE_URL.into(),
+                    value: c.encode_to_vec(),
+                })
+                .collect(),
+            canary: false,
+            type_url: RULES_TYPE_URL.into(),
+            nonce: nonce.into(),
+        };
+        let tx = self
+            .plane
+            .current
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("a stream");
+        tx.send(Ok(response)).await.expect("stream open");
+    }
+
+    /// Ends the open stream with an error, as a restarting control plane would.
+    async fn break_stream(&self) {
+        let tx = self.plane.current.lock().unwrap().take().expect("a stream");
+        tx.send(Err(Status::unavailable("control plane restarting")))
+            .await
+            .expect("stream open");
+    }
+
+    fn streams(&self) -> usize {
+        self.plane.streams.lock().unwrap().len()
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // Streams stay open until the client leaves; the task is stopped either way.
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// One domain `eg`, a limit per user of `requests` a minute (or an invalid rule: no unit).
+fn config(requests: u32, valid: bool) -> pb::RateLimitConfig {
+    let unit = if valid {
+        pb::RateLimitUnit::Minute
+    } else {
+        pb::RateLimitUnit::Unknown
+    };
+    pb::RateLimitConfig {
+        name: "envoy-gateway-system/eg/http".into(),
+        domain: "eg".into(),
+        descriptors: vec![pb::RateLimitDescriptor {
+            key: "user".into(),
+            rate_limit: Some(pb::RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit: requests,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+fn settings(plane: &Harness, force_start: bool) -> Settings {
+    let mut s = Settings::for_tests(std::env::temp_dir().join("portcullis-no-rules-dir"));
+    s.rules_xds_server = Some(plane.addr.to_string());
+    s.rules_xds_node_id = "envoy-ratelimit".into();
+    s.rules_xds_node_metadata = Some("cluster=eg".into());
+    s.rules_xds_headers = Some("x-team:edge".into());
+    s.rules_xds_backoff_initial = Duration::from_millis(20);
+    s.rules_xds_backoff_max = Duration::from_millis(100);
+    s.force_start_without_initial_rules = force_start;
+    s
+}
+
+async fn start(settings: Settings) -> tokio::task::JoinHandle<Running> {
+    let clock = ManualClock::new(START_US);
+    tokio::spawn(async move {
+        server::start(&settings, Arc::new(clock))
+            .await
+            .expect("server starts")
+    })
+}
+
+async fn admitted(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    user: &str,
+    calls: usize,
+) -> Vec<i32> {
+    let mut codes = Vec::new();
+    for _ in 0..calls {
+        codes.push(
+            client
+                .should_rate_limit(request("eg", &[&[("user", user)]]))
+                .await
+                .expect("answered")
+                .into_inner()
+                .overall_code,
+        );
+    }
+    codes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_update_nack_and_reconnect() {
+    let mut plane = Harness::start(None).await;
+    let starting = start(settings(&plane, false)).await;
+
+    // The first request: wildcard subscription for the rules type, our node, our headers.
+    let first = plane.next().await;
+    assert_eq!(first.type_url, RULES_TYPE_URL);
+    assert!(first.resource_names.is_empty());
+    assert_eq!(first.version_info, "");
+    assert_eq!(first.response_nonce, "");
+    let node = first.node.expect("node");
+    assert_eq!(node.id, "envoy-ratelimit");
+    assert!(node.metadata.unwrap().fields.contains_key("cluster"));
+    assert_eq!(
+        plane.plane.streams.lock().unwrap()[0]
+            .get("x-team")
+            .map(|v| v.to_str().unwrap().to_owned()),
+        Some("edge".into())
+    );
+    // Without force start, nothing serves before the first rules.
+    assert!(!starting.is_finished());
+
+    // Push: applied, ACKed, and the server starts.
+    plane.push("1", "n1", &[config(2, true)]).await;
+    let ack = plane.next().await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.response_nonce.as_str()),
+        ("1", "n1")
+    );
+    assert!(ack.error_detail.is_none());
+    let running = tokio::time::timeout(Duration::from_secs(10), starting)
+        .await
+        .expect("start completes once rules arrive")
+        .unwrap();
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&mut client, "a", 3).await, [OK, OK, OVER]);
+
+    // Update: the new limit is in force once ACKed.
+    plane.push("2", "n2", &[config(4, true)]).await;
+    let ack = plane.next().await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.response_nonce.as_str()),
+        ("2", "n2")
+    );
+    assert_eq!(admitted(&mut client, "b", 5).await, [OK, OK, OK, OK, OVER]);
+
+    // An invalid set: NACKed with the reason, version 2 stays in force.
+    plane.push("3", "n3", &[config(9, false)]).await;
+    let nack = plane.next().await;
+    assert_eq!(
+        nack.version_info, "2",
+        "a NACK names the version still in force"
+    );
+    assert_eq!(nack.response_nonce, "n3");
+    let detail = nack.error_detail.expect("error_detail");
+    assert!(
+        detail.message.contains("xds:envoy-gateway-system/eg/http")
+            && detail.message.contains("unit"),
+        "{}",
+        detail.message
+    );
+    assert_eq!(admitted(&mut client, "c", 5).await, [OK, OK, OK, OK, OVER]);
+
+    // Disconnect: the client comes back on a new stream, asking with the version it holds.
+    plane.break_stream().await;
+    let again = plane.next().await;
+    assert_eq!(plane.streams(), 2);
+    assert_eq!(again.version_info, "2");
+    assert_eq!(again.response_nonce, "");
+    // Rules kept serving meanwhile; a push on the new stream applies.
+    assert_eq!(admitted(&mut client, "d", 5).await, [OK, OK, OK, OK, OVER]);
+    plane.push("4", "n4", &[config(1, true)]).await;
+    let ack = plane.next().await;
+    assert_eq!(ack.version_info, "4");
+    assert_eq!(admitted(&mut client, "e", 2).await, [OK, OVER]);
+
+    let metrics = running.metrics.encode();
+    assert!(
+        metrics.contains("portcullis_rules_reloads_total{result=\"error\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("portcullis_rules_reloads_total{result=\"success\"} 3"));
+    assert!(
+        metrics.contains("portcullis_rules_xds_connected 1"),
+        "{metrics}"
+    );
+    running.shutdown().await;
+    plane.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_start_serves_before_the_first_rules_and_the_server_may_come_later() {
+    // No control plane yet: the client keeps retrying, the service answers meanwhile.
+    let port = common::redis::free_port();
+    let mut s = Settings::for_tests(std::env::temp_dir().join("portcullis-no-rules-dir"));
+    s.rules_xds_server = Some(format!("127.0.0.1:{port}"));
+    s.rules_xds_backoff_initial = Duration::from_millis(20);
+    s.rules_xds_backoff_max = Duration::from_millis(100);
+    s.force_start_without_initial_rules = true;
+    let running = tokio::time::timeout(Duration::from_secs(10), start(s).await)
+        .await
+        .expect("force start does not wait")
+        .unwrap();
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", running.grpc_addr))
+        .await
+        .unwrap();
+    // No rules: nothing is limited.
+    assert_eq!(admitted(&mut client, "a", 3).await, [OK, OK, OK]);
+
+    // The control plane appears on that port; the retrying client finds it.
+    let mut plane = Harness::start_at(port, None).await;
+    let first = plane.next().await;
+    assert_eq!(first.version_info, "");
+    plane.push("1", "n1", &[config(1, true)]).await;
+    assert_eq!(plane.next().await.version_info, "1");
+    assert_eq!(admitted(&mut client, "b", 2).await, [OK, OVER]);
+    running.shutdown().await;
+    plane.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_to_the_control_plane() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    common::tls::make_ca(dir.path(), "ca");
+    common::tls::make_leaf(dir.path(), "ca", "server");
+    common::tls::make_leaf(dir.path(), "ca", "client");
+    let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+    let tls = tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(
+            read("server.crt"),
+            read("server.key"),
+        ))
+        .client_ca_root(tonic::transport::Certificate::from_pem(read("ca.crt")));
+    let mut plane = Harness::start(Some(tls)).await;
+    let mut s = settings(&plane, false);
+    // The certificate names localhost, not the address dialled: --rules-xds-san says which.
+    s.rules_xds_san = Some("localhost".into());
+    s.rules_xds_tls = true;
+    s.rules_xds_ca_file = Some(dir.path().join("ca.crt"));
+    s.rules_xds_cert = Some(dir.path().join("client.crt"));
+    s.rules_xds_key = Some(dir.path().join("client.key"));
+    let starting = start(s).await;
+    let first = plane.next().await;
+    assert_eq!(first.type_url, RULES_TYPE_URL);
+    plane.push("1", "n1", &[config(1, true)]).await;
+    assert_eq!(plane.next().await.version_info, "1");
+    let running = tokio::time::timeout(Duration::from_secs(10), starting)
+        .await
+        .unwrap()
+        .unwrap();
+    running.shutdown().await;
+    plane.stop().await;
+}
