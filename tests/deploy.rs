@@ -432,3 +432,31 @@ fn every_layout_renders_with_the_probes_drain_limits_and_security_it_promises() 
         "{args}"
     );
 }
+
+#[test]
+fn every_portcullis_variable_the_guides_name_exists() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("portcullis serve --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    for guide in ["deploy/envoy-gateway.md", "deploy/README.md", "README.md"] {
+        let text = std::fs::read_to_string(repo(guide)).unwrap();
+        for (at, _) in text.match_indices("PORTCULLIS_") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            // A family written with `*` (`PORTCULLIS_*`, `PORTCULLIS_HEADER_*_NAME`).
+            if name.ends_with('_') {
+                continue;
+            }
+            assert!(
+                // `[env: NAME=]`, or `[env: NAME]` for a secret's.
+                help.contains(&format!("[env: {name}="))
+                    || help.contains(&format!("[env: {name}]")),
+                "{guide} names {name}, which `serve` does not read"
+            );
+        }
+    }
+}

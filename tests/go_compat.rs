@@ -304,3 +304,156 @@ fn serve_env_compat_go_reads_the_same_environment() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("REDIS_TYPE"), "{err}");
 }
+
+/// Every variable envoyproxy/ratelimit's settings read (its `src/settings/settings.go`), plus
+/// `RUNTIME_SUBDIRECTORY`, which its runtime loader reads.
+const GO_VARIABLES: &[&str] = &[
+    "HOST",
+    "PORT",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "GRPC_UDS",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "LOG_LEVEL",
+    "LOG_FORMAT",
+    "CONFIG_TYPE",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    "USE_DOG_STATSD",
+    "USE_DOG_STATSD_MOGRIFIERS",
+    "USE_STATSD",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "EXTRA_TAGS",
+    "STATS_FLUSH_INTERVAL",
+    "DISABLE_STATS",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "PROMETHEUS_MAPPER_YAML",
+    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+    "RUNTIME_IGNOREDOTFILES",
+    "RUNTIME_WATCH_ROOT",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "NEAR_LIMIT_RATIO",
+    "CACHE_KEY_PREFIX",
+    "BACKEND_TYPE",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_TYPE",
+    "REDIS_URL",
+    "REDIS_POOL_SIZE",
+    "REDIS_AUTH",
+    "REDIS_TLS",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_PERSECOND",
+    "REDIS_PERSECOND_SOCKET_TYPE",
+    "REDIS_PERSECOND_TYPE",
+    "REDIS_PERSECOND_URL",
+    "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_PERSECOND_TLS",
+    "REDIS_SENTINEL_AUTH",
+    "REDIS_PERSECOND_SENTINEL_AUTH",
+    "REDIS_PERSECOND_PIPELINE_WINDOW",
+    "REDIS_PERSECOND_PIPELINE_LIMIT",
+    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_TIMEOUT",
+    "REDIS_PERSECOND_TIMEOUT",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "MEMCACHE_HOST_PORT",
+    "MEMCACHE_MAX_IDLE_CONNS",
+    "MEMCACHE_SRV",
+    "MEMCACHE_SRV_REFRESH",
+    "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "SHADOW_MODE",
+    "QUOTA_MODE",
+    "RESPONSE_DYNAMIC_METADATA",
+    "MERGE_DOMAIN_CONFIG",
+    "TRACING_ENABLED",
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID",
+    "TRACING_EXPORTER_PROTOCOL",
+    "TRACING_SAMPLING_RATE",
+];
+
+#[test]
+fn the_readme_says_what_becomes_of_every_go_variable_and_go_mode_reads_them() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("### Running as the Go service")
+        .nth(1)
+        .and_then(|s| s.split("\n### ").next())
+        .expect("the README's Go variable section");
+    let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| `")).collect();
+    let mapping = include_str!("../src/settings/go.rs");
+    for name in GO_VARIABLES {
+        let quoted = format!("`{name}`");
+        let row = rows
+            .iter()
+            .find(|r| r.split('|').nth(1).is_some_and(|c| c.contains(&quoted)))
+            .unwrap_or_else(|| panic!("{name} has no row in the README's table"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // "| a | b | c |" splits into ["", a, b, c, ""].
+        assert_eq!(cells.len(), 5, "{row}");
+        assert!(
+            cells[1..4].iter().all(|c| !c.is_empty()),
+            "blank cell: {row}"
+        );
+        // Go mode reads it, unless it only means something alongside a refused setting.
+        let only_with_refused =
+            name.starts_with("REDIS_PERSECOND_") || name.starts_with("MEMCACHE_");
+        assert!(
+            only_with_refused || mapping.contains(&format!("\"{name}\"")),
+            "{name} is not read by src/settings/go.rs"
+        );
+    }
+}

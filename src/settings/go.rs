@@ -254,7 +254,12 @@ pub fn from_go_env(
     }
 
     // Logs.
-    s.log_level = r.string("LOG_LEVEL", "WARN").to_lowercase();
+    // logrus' level names, as tracing names them.
+    s.log_level = match r.string("LOG_LEVEL", "WARN").to_lowercase().as_str() {
+        "warning" => "warn".into(),
+        "fatal" | "panic" => "error".into(),
+        other => other.to_owned(),
+    };
     s.log_format = match r.string("LOG_FORMAT", "text").to_lowercase().as_str() {
         "json" => LogFormat::Json,
         _ => LogFormat::Text,
@@ -266,8 +271,14 @@ pub fn from_go_env(
     let subdirectory = r.string("RUNTIME_SUBDIRECTORY", "");
     let app = r.string("RUNTIME_APPDIRECTORY", "config");
     s.config = PathBuf::from(root).join(subdirectory).join(app);
-    s.default_algorithm = Algorithm::FixedWindow;
-    s.override_algorithm = Algorithm::FixedWindow;
+    // Portcullis' own variable wins where it is set: rules pushed by Envoy Gateway cannot name an
+    // algorithm, so this is how such a deployment chooses sliding windows.
+    if r.get("PORTCULLIS_DEFAULT_ALGORITHM").is_none() {
+        s.default_algorithm = Algorithm::FixedWindow;
+    }
+    if r.get("PORTCULLIS_OVERRIDE_ALGORITHM").is_none() {
+        s.override_algorithm = Algorithm::FixedWindow;
+    }
     match r.string("CONFIG_TYPE", "FILE").to_uppercase().as_str() {
         "FILE" => {}
         "GRPC_XDS_SOTW" => {
@@ -316,7 +327,9 @@ pub fn from_go_env(
     }
     // The Go service hands a Redis failure back to Envoy as an error; Envoy's
     // failure_mode_deny decides.
-    s.failure_mode = FailureMode::Error;
+    if r.get("PORTCULLIS_FAILURE_MODE").is_none() {
+        s.failure_mode = FailureMode::Error;
+    }
 
     // The store.
     let backend = r.string("BACKEND_TYPE", "redis").to_lowercase();
@@ -595,6 +608,24 @@ mod tests {
             assert!(ignored.contains(name), "{name} in {ignored}");
         }
         assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn portcullis_own_choice_of_algorithm_and_failure_mode_wins_where_set() {
+        let mut own = base();
+        own.default_algorithm = Algorithm::SlidingWindow;
+        own.failure_mode = FailureMode::Local;
+        let s = from_go_env(
+            own,
+            &env(&[
+                ("PORTCULLIS_DEFAULT_ALGORITHM", "sliding-window"),
+                ("PORTCULLIS_FAILURE_MODE", "local"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.default_algorithm, Algorithm::SlidingWindow);
+        assert_eq!(s.failure_mode, FailureMode::Local);
+        assert_eq!(s.override_algorithm, Algorithm::FixedWindow);
     }
 
     #[test]
