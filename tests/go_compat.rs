@@ -121,6 +121,14 @@ async fn serves_like_the_go_service(server: &ServeProcess, envs: &[(&str, String
     let (status, listing) = http(var(envs, "DEBUG_PORT"), "GET", "/rlconfig", "").await;
     assert_eq!(status, 200);
     assert!(listing.contains("edge.user"), "{listing}");
+    let (status, stats) = http(var(envs, "DEBUG_PORT"), "GET", "/stats", "").await;
+    assert_eq!(status, 200);
+    assert!(
+        stats
+            .lines()
+            .any(|l| l == "ratelimit.service.rate_limit.edge.user.over_limit: 2"),
+        "{stats}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

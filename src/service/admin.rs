@@ -81,7 +81,9 @@ pub fn router(state: AdminState, routes: &Routes) -> Router {
         router = router.route("/rlconfig", get(rlconfig));
     }
     if routes.metrics {
-        router = router.route("/metrics", get(metrics));
+        router = router
+            .route("/metrics", get(metrics))
+            .route("/stats", get(go_stats));
     }
     if routes.json {
         router = router.route("/json", post(json_call));
@@ -174,6 +176,15 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         state.metrics.encode(),
     )
         .into_response()
+}
+
+/// The Go service's debug `/stats`: its stat names and their values, one `name: value` a line.
+async fn go_stats(State(state): State<AdminState>) -> String {
+    let mut out = String::new();
+    for (name, value) in crate::telemetry::go_names::statsd_counters(&state.metrics) {
+        out.push_str(&format!("{name}: {value}\n"));
+    }
+    out
 }
 
 /// envoyproxy/ratelimit's names, as its Prometheus sink serves them (text format 0.0.4).
