@@ -13,6 +13,8 @@
 
 pub mod go_names;
 
+use std::sync::Arc;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::layer::SubscriberExt;
@@ -72,7 +74,7 @@ fn span_exporter(
     endpoint: &str,
     protocol: OtlpProtocol,
 ) -> Result<opentelemetry_otlp::SpanExporter, opentelemetry_otlp::ExporterBuildError> {
-    use opentelemetry_otlp::WithExportConfig;
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
     match protocol {
         OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
@@ -85,12 +87,48 @@ fn span_exporter(
             } else {
                 format!("{}/v1/traces", endpoint.trim_end_matches('/'))
             };
+            let client = RuntimeHttpClient {
+                handle: tokio::runtime::Handle::try_current().map_err(|e| {
+                    opentelemetry_otlp::ExporterBuildError::InternalFailure(format!(
+                        "the OTLP/HTTP exporter needs the tokio runtime: {e}"
+                    ))
+                })?,
+                inner: Arc::new(
+                    opentelemetry_http::hyper::HyperClient::with_default_connector(
+                        Duration::from_secs(10),
+                        None,
+                    ),
+                ),
+            };
             opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
+                .with_http_client(client)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_endpoint(url)
                 .build()
         }
+    }
+}
+
+/// The OTLP/HTTP client: hyper's, run on the service's tokio runtime. The batch span processor
+/// exports from a thread of its own, where hyper would find no reactor and panic.
+#[derive(Debug)]
+struct RuntimeHttpClient {
+    handle: tokio::runtime::Handle,
+    inner: Arc<opentelemetry_http::hyper::HyperClient>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_http::HttpClient for RuntimeHttpClient {
+    async fn send_bytes(
+        &self,
+        request: http::Request<bytes::Bytes>,
+    ) -> Result<http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
+        let inner = self.inner.clone();
+        self.handle
+            .spawn(async move { inner.send_bytes(request).await })
+            .await
+            .map_err(|e| Box::new(e) as opentelemetry_http::HttpError)?
     }
 }
 
