@@ -1,0 +1,777 @@
+//! The load benchmark: real gRPC load against the `portcullis` binary on each store, and in the
+//! same run, with the same generator and concurrency, the ceilings it is compared with:
+//!
+//! - a null gRPC server (this file, re-executed with `--null-server`) that answers OK at once:
+//!   the most a tonic service can answer on this machine;
+//! - `redis-benchmark` running EVALSHA of a minimal GCRA script: the least Redis CPU a decision
+//!   that reads TIME and writes one key can cost.
+//!
+//! Per scenario it prints decisions/s, latency percentiles, the service's CPU per decision (from
+//! `/proc/PID/stat`), Redis' CPU per decision (`INFO commandstats`), and each as a ratio to its
+//! ceiling. Every answer is checked (a gRPC error or a wrong code fails the run), and so are the
+//! service's own counters against the generator's count.
+//!
+//!   cargo bench --bench load                       every store and scenario, 8 s each
+//!   cargo bench --bench load -- --seconds 3 --only memory,standalone
+//!   cargo test --bench load                        a short smoke run (checks it works)
+
+#[path = "../tests/common/redis.rs"]
+mod harness;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use harness::{RedisCluster, RedisServer, cli, free_port};
+use portcullis::pb::rate_limit_response::Code;
+use portcullis::pb::{
+    RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitService,
+    RateLimitServiceClient, RateLimitServiceServer, rate_limit_descriptor,
+};
+use tonic::transport::Channel;
+
+const RULES: &str = r#"
+domain: bench
+descriptors:
+  - key: sw
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: token_bucket, burst: 1000000000}
+  - key: fw
+    rate_limit: {unit: second, requests_per_unit: 1000000000, algorithm: fixed_window}
+  - key: deny
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+"#;
+
+/// A 10-line GCRA decision: TIME, GET, SET PX. The Redis ceiling: what one decision per script
+/// call costs at the least.
+const MINIMAL_SCRIPT: &str = "local t = redis.call('TIME') \
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2]) \
+local emission = tonumber(ARGV[2]) \
+local tat = tonumber(redis.call('GET', KEYS[1]) or now) \
+if tat < now then tat = now end \
+local new = tat + emission \
+if new - now > tonumber(ARGV[1]) * emission then return 0 end \
+redis.call('SET', KEYS[1], string.format('%.0f', new), 'PX', math.ceil((new - now) / 1000) + 1) \
+return 1";
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Scenario {
+    /// One descriptor per call on one key, every call allowed: (label, key).
+    One(&'static str, &'static str),
+    /// One hot key, every call refused.
+    Denied,
+    /// Three descriptors per call, every call allowed.
+    Three,
+    /// One descriptor per call over this many distinct values, every call allowed.
+    ManyKeys(u64),
+}
+
+impl Scenario {
+    fn label(self) -> String {
+        match self {
+            Scenario::One(label, _) => format!("one descriptor, {label}"),
+            Scenario::Denied => "one hot key, denied".into(),
+            Scenario::Three => "three descriptors".into(),
+            Scenario::ManyKeys(n) => format!("{}k distinct keys", n / 1000),
+        }
+    }
+
+    fn request(self, i: u64) -> RateLimitRequest {
+        let descriptor = |key: &str, value: String| RateLimitDescriptor {
+            entries: vec![rate_limit_descriptor::Entry {
+                key: key.into(),
+                value,
+            }],
+            limit: None,
+            hits_addend: None,
+            is_negative_hits: false,
+        };
+        let descriptors = match self {
+            Scenario::One(_, key) => vec![descriptor(key, "x".into())],
+            Scenario::Denied => vec![descriptor("deny", "x".into())],
+            Scenario::Three => ["a", "b", "c"]
+                .iter()
+                .map(|k| descriptor(k, "x".into()))
+                .collect(),
+            Scenario::ManyKeys(n) => vec![descriptor("user", (i % n).to_string())],
+        };
+        RateLimitRequest {
+            domain: "bench".into(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    /// Checks one answer; the reason when it is wrong.
+    fn verify(self, answer: &RateLimitResponse) -> Result<(), String> {
+        let want = match self {
+            Scenario::Denied => Code::OverLimit,
+            _ => Code::Ok,
+        };
+        if answer.overall_code == want as i32 {
+            Ok(())
+        } else {
+            Err(format!(
+                "overall code {} (want {want:?})",
+                answer.overall_code
+            ))
+        }
+    }
+
+    /// Rule hits one call adds to the service's counters.
+    fn descriptors(self) -> u64 {
+        if self == Scenario::Three { 3 } else { 1 }
+    }
+}
+
+const ALL: [Scenario; 6] = [
+    Scenario::One("sliding window", "sw"),
+    Scenario::One("token bucket", "tb"),
+    Scenario::One("fixed window", "fw"),
+    Scenario::Denied,
+    Scenario::Three,
+    Scenario::ManyKeys(100_000),
+];
+
+struct Options {
+    full: bool,
+    seconds: f64,
+    connections: usize,
+    streams: usize,
+    only: Option<Vec<String>>,
+}
+
+impl Options {
+    fn parse() -> Options {
+        let args: Vec<String> = std::env::args().collect();
+        let full = args.iter().any(|a| a == "--bench");
+        let value = |name: &str| {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|i| args.get(i + 1).cloned())
+        };
+        Options {
+            full,
+            seconds: value("--seconds")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(if full { 8.0 } else { 0.3 }),
+            connections: value("--connections")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4),
+            streams: value("--streams")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(32),
+            only: value("--only").map(|v| v.split(',').map(str::to_owned).collect()),
+        }
+    }
+
+    fn wants(&self, store: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|o| o == store))
+    }
+}
+
+/// The service or the null server, as a child process on loopback ports.
+struct Server {
+    child: Child,
+    grpc: SocketAddr,
+    admin: Option<SocketAddr>,
+    log: PathBuf,
+}
+
+impl Server {
+    fn wait_listening(&mut self) {
+        let start = Instant::now();
+        while TcpStream::connect(self.grpc).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "server exited ({status}): {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "server not listening"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn portcullis(dir: &Path, store_args: &[String]) -> Server {
+        let (grpc, admin) = (free_port(), free_port());
+        let log = dir.join(format!("portcullis-{grpc}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+            .arg("serve")
+            .arg("--config")
+            .arg(dir.join("rules"))
+            .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+            .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+            // A decision late under saturation is still a decision: the failure mode must not
+            // answer in the benchmark (it is checked to have answered nothing).
+            .args(["--store-timeout", "2s", "--log-level", "warn"])
+            .args(store_args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start portcullis");
+        let mut server = Server {
+            child,
+            grpc: ([127, 0, 0, 1], grpc).into(),
+            admin: Some(([127, 0, 0, 1], admin).into()),
+            log,
+        };
+        server.wait_listening();
+        server
+    }
+
+    fn null(dir: &Path) -> Server {
+        let grpc = free_port();
+        let log = dir.join("null.log");
+        let child = Command::new(std::env::current_exe().expect("own path"))
+            .args(["--null-server", &grpc.to_string()])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start the null server");
+        let mut server = Server {
+            child,
+            grpc: ([127, 0, 0, 1], grpc).into(),
+            admin: None,
+            log,
+        };
+        server.wait_listening();
+        server
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(self.child.id())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// User plus system CPU time of a process so far, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // Fields after the command name (which may hold spaces): state is the first, utime the 12th.
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / per_second
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("admin listener");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).unwrap();
+    raw.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+/// Sums the samples of `name` (any labels) whose label text contains `with`.
+fn metric(text: &str, name: &str, with: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| l.contains(with))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// (calls, usec) of script commands (EVALSHA and EVAL) on the nodes at `ports`.
+fn script_stats(ports: &[u16]) -> (f64, f64) {
+    let mut calls = 0.0;
+    let mut usec = 0.0;
+    for port in ports {
+        for line in cli(*port, &["INFO", "commandstats"]).lines() {
+            if !(line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:")) {
+                continue;
+            }
+            for field in line.split_once(':').map_or("", |(_, f)| f).split(',') {
+                match field.split_once('=') {
+                    Some(("calls", v)) => calls += v.parse::<f64>().unwrap_or(0.0),
+                    Some(("usec", v)) => usec += v.parse::<f64>().unwrap_or(0.0),
+                    _ => {}
+                }
+            }
+        }
+    }
+    (calls, usec)
+}
+
+fn redis_pid(port: u16) -> u32 {
+    cli(port, &["INFO", "server"])
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("redis process_id")
+}
+
+#[derive(Default)]
+struct Tally {
+    calls: u64,
+    wrong: u64,
+    errors: u64,
+    first_problem: Option<String>,
+    latencies_us: Vec<u32>,
+}
+
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.calls += other.calls;
+        self.wrong += other.wrong;
+        self.errors += other.errors;
+        if self.first_problem.is_none() {
+            self.first_problem = other.first_problem;
+        }
+        self.latencies_us.extend(other.latencies_us);
+    }
+
+    fn percentile(&self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return 0.0;
+        }
+        let at = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies_us[at] as f64 / 1000.0
+    }
+}
+
+/// Drives `scenario` for `duration` over `channels`, `streams` calls in flight on each; with
+/// `rate`, paced to that many calls per second in total (each loop sends on its own schedule).
+async fn drive(
+    channels: &[Channel],
+    streams: usize,
+    scenario: Scenario,
+    duration: Duration,
+    rate: Option<f64>,
+) -> (Tally, Duration) {
+    let counter = Arc::new(AtomicU64::new(0));
+    let loops = channels.len() * streams;
+    let start = tokio::time::Instant::now();
+    let end = start + duration;
+    let tasks: Vec<_> = (0..loops)
+        .map(|n| {
+            let mut client = RateLimitServiceClient::new(channels[n % channels.len()].clone());
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                let period = rate.map(|r| Duration::from_secs_f64(loops as f64 / r));
+                // Spread the paced loops over one period so they do not fire together.
+                let mut next =
+                    start + period.map_or(Duration::ZERO, |p| p * n as u32 / loops as u32);
+                loop {
+                    if period.is_some() {
+                        tokio::time::sleep_until(next).await;
+                    }
+                    // Latency counts from the actual send: tokio's timer fires up to a
+                    // millisecond late, which is the generator's delay, not the service's. A
+                    // generator that falls behind shows as a rate below the one asked for.
+                    let sent = tokio::time::Instant::now();
+                    if sent >= end || (period.is_some() && next >= end) {
+                        break;
+                    }
+                    let i = counter.fetch_add(1, Ordering::Relaxed);
+                    let answer = client.should_rate_limit(scenario.request(i)).await;
+                    tally
+                        .latencies_us
+                        .push(sent.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    tally.calls += 1;
+                    match answer {
+                        Ok(answer) => {
+                            if let Err(problem) = scenario.verify(&answer.into_inner()) {
+                                tally.wrong += 1;
+                                tally.first_problem.get_or_insert(problem);
+                            }
+                        }
+                        Err(status) => {
+                            tally.errors += 1;
+                            tally.first_problem.get_or_insert(status.to_string());
+                        }
+                    }
+                    if let Some(period) = period {
+                        next += period;
+                    }
+                }
+                tally
+            })
+        })
+        .collect();
+    let mut tally = Tally::default();
+    for task in tasks {
+        tally.merge(task.await.expect("generator task"));
+    }
+    tally.latencies_us.sort_unstable();
+    (tally, start.elapsed())
+}
+
+async fn connect(addr: SocketAddr, connections: usize) -> Vec<Channel> {
+    let mut channels = Vec::new();
+    for _ in 0..connections {
+        // One endpoint each: separate HTTP/2 connections, as several Envoy workers make.
+        channels.push(
+            Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .expect("connect"),
+        );
+    }
+    channels
+}
+
+/// One measured run.
+struct Row {
+    store: String,
+    scenario: String,
+    decisions_per_s: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    server_us: f64,
+    redis_us: Option<f64>,
+    redis_us_per_script: Option<f64>,
+    check: String,
+}
+
+struct Target<'a> {
+    name: &'a str,
+    server: &'a Server,
+    redis_ports: Vec<u16>,
+}
+
+async fn measure(
+    target: &Target<'_>,
+    scenario: Scenario,
+    options: &Options,
+    rate: Option<f64>,
+) -> Row {
+    let channels = connect(target.server.grpc, options.connections).await;
+    // Warm up: connections made, scripts loaded, allocator settled.
+    let warm = Duration::from_secs_f64((options.seconds / 8.0).clamp(0.1, 1.0));
+    let _ = drive(&channels, options.streams, scenario, warm, None).await;
+
+    let metrics_before = target.server.admin.map(|a| http_get(a, "/metrics"));
+    let cpu_before = target.server.cpu_seconds();
+    let redis_before = script_stats(&target.redis_ports);
+    let (tally, elapsed) = drive(
+        &channels,
+        options.streams,
+        scenario,
+        Duration::from_secs_f64(options.seconds),
+        rate,
+    )
+    .await;
+    let cpu = target.server.cpu_seconds() - cpu_before;
+    let redis_after = script_stats(&target.redis_ports);
+    let decisions = tally.calls.max(1) as f64;
+
+    let mut problems = Vec::new();
+    if tally.errors + tally.wrong > 0 {
+        problems.push(format!(
+            "{} errors, {} wrong answers (first: {})",
+            tally.errors,
+            tally.wrong,
+            tally.first_problem.clone().unwrap_or_default()
+        ));
+    }
+    if let (Some(before), Some(admin)) = (metrics_before, target.server.admin) {
+        let after = http_get(admin, "/metrics");
+        let delta =
+            |name: &str, with: &str| metric(&after, name, with) - metric(&before, name, with);
+        let calls = delta("portcullis_grpc_calls_total", "");
+        if calls as u64 != tally.calls {
+            problems.push(format!(
+                "the service counted {calls} calls, the generator {}",
+                tally.calls
+            ));
+        }
+        let hits = delta("portcullis_rule_hits_total", "domain=\"bench\"");
+        let want = tally.calls * scenario.descriptors();
+        if hits as u64 != want {
+            problems.push(format!("the service counted {hits} rule hits, want {want}"));
+        }
+        let failure_mode = delta("portcullis_failure_mode_answers_total", "");
+        if failure_mode > 0.0 {
+            problems.push(format!("{failure_mode} answers by the failure mode"));
+        }
+    }
+    let (redis_us, redis_us_per_script) = if target.redis_ports.is_empty() {
+        (None, None)
+    } else {
+        let calls = redis_after.0 - redis_before.0;
+        let usec = redis_after.1 - redis_before.1;
+        (Some(usec / decisions), Some(usec / calls.max(1.0)))
+    };
+    Row {
+        store: target.name.into(),
+        scenario: match rate {
+            Some(r) => format!("{} at {:.0}/s", scenario.label(), r),
+            None => scenario.label(),
+        },
+        decisions_per_s: tally.calls as f64 / elapsed.as_secs_f64(),
+        p50: tally.percentile(0.50),
+        p99: tally.percentile(0.99),
+        p999: tally.percentile(0.999),
+        server_us: cpu * 1e6 / decisions,
+        redis_us,
+        redis_us_per_script,
+        check: if problems.is_empty() {
+            "ok".into()
+        } else {
+            problems.join("; ")
+        },
+    }
+}
+
+/// `redis-benchmark` EVALSHA of the minimal script on its own Redis: (calls/s, µs per call).
+fn redis_ceiling(options: &Options) -> (f64, f64) {
+    let redis = RedisServer::start();
+    let sha = cli(redis.port, &["SCRIPT", "LOAD", MINIMAL_SCRIPT]);
+    assert_eq!(sha.len(), 40, "SCRIPT LOAD answered {sha:?}");
+    let requests = if options.full { 400_000 } else { 5_000 };
+    cli(redis.port, &["CONFIG", "RESETSTAT"]);
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &redis.port.to_string()])
+        .args(["-c", &(options.connections * options.streams).to_string()])
+        .args(["-n", &requests.to_string(), "-r", "100000", "--csv"])
+        .args(["EVALSHA", &sha, "1", "k:__rand_int__", "1000000000", "1"])
+        .output()
+        .expect("run redis-benchmark (Debian: redis-tools)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // --csv: a header line, then "name","rps",...
+    let rps = text
+        .lines()
+        .filter(|l| l.contains("EVALSHA"))
+        .find_map(|l| l.split(',').nth(1))
+        .and_then(|v| v.trim_matches('"').parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("redis-benchmark output: {text}"));
+    let (calls, usec) = script_stats(&[redis.port]);
+    assert!(
+        calls >= requests as f64,
+        "the minimal script ran {calls} times"
+    );
+    (rps, usec / calls)
+}
+
+fn print(rows: &[Row], null: &Row, memory_one: Option<f64>, ceiling: (f64, f64)) {
+    println!();
+    println!(
+        "Redis ceiling: redis-benchmark EVALSHA of a minimal GCRA script, {:.0} calls/s, {:.2} µs of Redis CPU per call",
+        ceiling.0, ceiling.1
+    );
+    println!(
+        "gRPC ceiling: a null tonic server, {:.0} calls/s, {:.1} µs of server CPU per call",
+        null.decisions_per_s, null.server_us
+    );
+    println!();
+    println!(
+        "| store | scenario | decisions/s | × null | × memory | p50 ms | p99 ms | p99.9 ms | server µs/decision | × null | Redis µs/decision | Redis µs/script call | × minimal script | check |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let opt =
+            |v: Option<f64>, digits: usize| v.map_or("—".to_owned(), |v| format!("{v:.digits$}"));
+        println!(
+            "| {} | {} | {:.0} | {:.2} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            r.store,
+            r.scenario,
+            r.decisions_per_s,
+            r.decisions_per_s / null.decisions_per_s,
+            opt(memory_one.map(|m| r.decisions_per_s / m), 2),
+            r.p50,
+            r.p99,
+            r.p999,
+            r.server_us,
+            r.server_us / null.server_us,
+            opt(r.redis_us, 2),
+            opt(r.redis_us_per_script, 2),
+            opt(r.redis_us.map(|u| u / ceiling.1), 2),
+            r.check
+        );
+    }
+}
+
+/// Starts a store's processes and the service on it: the service, the Redis ports to read
+/// statistics from, and what must live as long as the run (the Redis processes).
+type StartStore = dyn FnOnce() -> (Server, Vec<u16>, Box<dyn std::any::Any>);
+
+fn null_server(port: u16) {
+    #[derive(Default)]
+    struct Null;
+    #[tonic::async_trait]
+    impl RateLimitService for Null {
+        async fn should_rate_limit(
+            &self,
+            _request: tonic::Request<RateLimitRequest>,
+        ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+            Ok(tonic::Response::new(RateLimitResponse {
+                overall_code: Code::Ok as i32,
+                ..Default::default()
+            }))
+        }
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(Null))
+            .serve(([127, 0, 0, 1], port).into())
+            .await
+            .expect("null server");
+    });
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--null-server") {
+        null_server(args[i + 1].parse().expect("port"));
+        return;
+    }
+    let options = Options::parse();
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("rules")).unwrap();
+    std::fs::write(dir.path().join("rules/bench.yaml"), RULES).unwrap();
+    let scenarios: Vec<Scenario> = if options.full {
+        ALL.to_vec()
+    } else {
+        vec![ALL[0], Scenario::Three]
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut rows = Vec::new();
+
+    let null = Server::null(dir.path());
+    let null_target = Target {
+        name: "null server",
+        server: &null,
+        redis_ports: Vec::new(),
+    };
+    let null_row = runtime.block_on(measure(&null_target, ALL[0], &options, None));
+    if options.full {
+        // The generator's own latency floor at half the ceiling's rate.
+        let half = null_row.decisions_per_s / 2.0;
+        let row = runtime.block_on(measure(&null_target, ALL[0], &options, Some(half)));
+        eprintln!("null server: {}: p99 {:.2} ms", row.scenario, row.p99);
+        rows.push(row);
+    }
+    drop(null);
+    assert_eq!(null_row.check, "ok", "the null server: {}", null_row.check);
+    let ceiling = redis_ceiling(&options);
+
+    let mut stores: Vec<(&str, Box<StartStore>)> = Vec::new();
+    let path = dir.path().to_path_buf();
+    if options.wants("memory") {
+        let path = path.clone();
+        stores.push((
+            "memory",
+            Box::new(move || (Server::portcullis(&path, &[]), Vec::new(), Box::new(()))),
+        ));
+    }
+    if options.wants("standalone") {
+        let path = path.clone();
+        stores.push((
+            "standalone Redis",
+            Box::new(move || {
+                let redis = RedisServer::start();
+                let args = ["--store", "redis", "--redis-url", &redis.url()].map(String::from);
+                let server = Server::portcullis(&path, &args);
+                (server, vec![redis.port], Box::new(redis))
+            }),
+        ));
+    }
+    if options.wants("cluster") {
+        let path = path.clone();
+        stores.push((
+            "Redis Cluster (3 masters)",
+            Box::new(move || {
+                let cluster = RedisCluster::start_with_replicas(0);
+                let seeds = cluster.seeds().join(",");
+                let args = ["--store", "redis", "--redis-cluster", &seeds].map(String::from);
+                let server = Server::portcullis(&path, &args);
+                let ports = cluster.nodes.iter().map(|n| n.port).collect();
+                (server, ports, Box::new(cluster))
+            }),
+        ));
+    }
+
+    let mut memory_one = None;
+    for (name, start) in stores {
+        let (server, redis_ports, _keep) = start();
+        // Redis processes' CPU, for the record (the commandstats figure is the script's own).
+        let redis_pids: Vec<u32> = redis_ports.iter().map(|p| redis_pid(*p)).collect();
+        let redis_cpu_before: f64 = redis_pids.iter().map(|p| cpu_seconds(*p)).sum();
+        let target = Target {
+            name,
+            server: &server,
+            redis_ports: redis_ports.clone(),
+        };
+        let mut peak = None;
+        for scenario in &scenarios {
+            let row = runtime.block_on(measure(&target, *scenario, &options, None));
+            if *scenario == ALL[0] {
+                peak = Some(row.decisions_per_s);
+                if name == "memory" {
+                    memory_one = Some(row.decisions_per_s);
+                }
+            }
+            eprintln!(
+                "{name}: {}: {:.0}/s {}",
+                row.scenario, row.decisions_per_s, row.check
+            );
+            rows.push(row);
+        }
+        // Latency where it matters: at half the peak rate.
+        if let (Some(peak), true) = (peak, options.full) {
+            let row = runtime.block_on(measure(&target, ALL[0], &options, Some(peak / 2.0)));
+            eprintln!(
+                "{name}: {}: p99 {:.2} ms {}",
+                row.scenario, row.p99, row.check
+            );
+            rows.push(row);
+        }
+        let redis_cpu: f64 =
+            redis_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - redis_cpu_before;
+        if !redis_pids.is_empty() {
+            eprintln!("{name}: redis-server processes used {redis_cpu:.1} s of CPU in all");
+        }
+    }
+    print(&rows, &null_row, memory_one, ceiling);
+    let failed: Vec<&Row> = rows.iter().filter(|r| r.check != "ok").collect();
+    assert!(
+        failed.is_empty(),
+        "wrong answers or counts: {:?}",
+        failed
+            .iter()
+            .map(|r| format!("{} / {}: {}", r.store, r.scenario, r.check))
+            .collect::<Vec<_>>()
+    );
+}
