@@ -39,6 +39,9 @@ impl ServeProcess {
             }
             None => Command::new(bin),
         };
+        // Its own process group: a wrapper such as faketime runs portcullis as its child, and
+        // killing the group stops both.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd.arg("serve")
             .arg("--config")
             .arg(config)
@@ -104,6 +107,7 @@ impl ServeProcess {
         let link = link_dir.path().join("ratelimit");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_portcullis"), &link).expect("link");
         let mut cmd = Command::new(&link);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd.env_clear()
             .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null());
@@ -134,9 +138,11 @@ impl ServeProcess {
 
 impl Drop for ServeProcess {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        // The whole group, wrapper and service (see `spawn`); a group already gone is fine.
+        // SAFETY: kill(2) with a negative pid signals that process group; no memory involved.
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
         }
+        let _ = self.child.wait();
     }
 }
