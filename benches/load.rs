@@ -12,7 +12,7 @@
 //! service's own counters against the generator's count.
 //!
 //!   cargo bench --bench load                       every store and scenario, 8 s each
-//!   cargo bench --bench load -- --seconds 3 --only memory,standalone
+//!   cargo bench --bench load -- --seconds 3 --only memory,standalone --scenario "fixed window"
 //!   cargo test --bench load                        a short smoke run (checks it works)
 
 #[path = "../tests/common/redis.rs"]
@@ -152,6 +152,8 @@ struct Options {
     connections: usize,
     streams: usize,
     only: Option<Vec<String>>,
+    /// Only the scenarios whose label contains this.
+    scenario: Option<String>,
 }
 
 impl Options {
@@ -175,6 +177,7 @@ impl Options {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(32),
             only: value("--only").map(|v| v.split(',').map(str::to_owned).collect()),
+            scenario: value("--scenario"),
         }
     }
 
@@ -662,7 +665,15 @@ fn main() {
         ALL.to_vec()
     } else {
         vec![ALL[0], Scenario::Three]
-    };
+    }
+    .into_iter()
+    .filter(|s| {
+        options
+            .scenario
+            .as_ref()
+            .is_none_or(|want| s.label().contains(want.as_str()))
+    })
+    .collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,60 +1,77 @@
--- check: every descriptor of one call, in one script call (one round trip). Appended to the three
--- algorithm files, which define the functions it dispatches to.
+-- check: the checks of one or more calls, in one script call (one round trip): the calls of a
+-- batch, applied in order, each decided on its own. Appended to the three algorithm files, which
+-- define the functions it dispatches to.
 --
--- KEYS: one counter key per check; all must hash to one slot in Cluster mode (each call from
---       Portcullis in Cluster mode carries a single key).
--- ARGV[1]: a clock reading in microseconds for tests, or 0: read Redis TIME (production always
---       sends 0; replicas' host clocks drift, Redis' clock is the one all of them share).
--- ARGV[2]: the call's mode: 0 each check charged alone, 1 all or nothing (if any charge would be
---       refused, no charge is made; refunds apply), 2 probe (nothing is written).
--- ARGV[3 + 6*(i-1) ...]: for KEYS[i], the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the
---       same algorithms' refunds) and five numbers whose meaning is the operation's.
--- Returns one array per key, as each algorithm function documents.
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-local mode = tonumber(ARGV[2])
-
-local function run(i, commit)
-  local base = 3 + 6 * (i - 1)
-  local op = tonumber(ARGV[base])
-  local a, b, c, d, e = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
-    tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
-  if op == 1 then
-    return sliding_window(KEYS[i], now, a, b, c, commit)
-  elseif op == 2 then
-    return token_bucket(KEYS[i], now, a, b, c, d, e, commit)
-  elseif op == 3 then
-    return fixed_window(KEYS[i], now, a, b, c, commit)
-  elseif op == 11 then
-    return sliding_refund(KEYS[i], now, a, c, commit)
-  elseif op == 12 then
-    return bucket_refund(KEYS[i], now, a, b, c, commit)
-  elseif op == 13 then
-    return fixed_refund(KEYS[i], now, a, c, commit)
+-- KEYS: every call's counter keys, call after call; all must hash to one slot in Cluster mode
+--       (each script call from Portcullis in Cluster mode carries a single key).
+-- ARGV[1]: the number of calls. Then, per call:
+--   a clock reading in microseconds for tests, or 0: Redis TIME (production always sends 0;
+--       replicas' host clocks drift, Redis' clock is the one all of them share; read once per
+--       script call);
+--   the call's mode: 0 each check charged alone, 1 all or nothing (if any charge would be
+--       refused, no charge is made; refunds apply), 2 probe (nothing is written);
+--   its number of keys;
+--   for each of its keys, the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the same
+--       algorithms' refunds) and five numbers whose meaning is the operation's.
+-- Returns one array per call, holding one array per key, as each algorithm function documents.
+local redis_now = nil
+local function clock(arg)
+  local now = tonumber(arg)
+  if now ~= 0 then return now end
+  if redis_now == nil then
+    local time = redis.call('TIME')
+    redis_now = tonumber(time[1]) * 1000000 + tonumber(time[2])
   end
-  return redis.error_reply('portcullis: unknown operation ' .. tostring(ARGV[base]))
+  return redis_now
 end
 
-local commit_charges = mode == 0
-if mode == 1 then
-  -- Look first: a charge happens only if every charge of the call would pass.
-  commit_charges = true
-  for i = 1, #KEYS do
-    if tonumber(ARGV[3 + 6 * (i - 1)]) < 10 then
-      local looked = run(i, false)
-      if looked.err then return looked end
-      if looked[1] == 0 then commit_charges = false end
+-- Runs the operation whose six numbers start at ARGV[a] on KEYS[k].
+local function run(k, a, now, commit)
+  local op = tonumber(ARGV[a])
+  local p, q, r, s, t = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  if op == 1 then
+    return sliding_window(KEYS[k], now, p, q, r, commit)
+  elseif op == 2 then
+    return token_bucket(KEYS[k], now, p, q, r, s, t, commit)
+  elseif op == 3 then
+    return fixed_window(KEYS[k], now, p, q, r, commit)
+  elseif op == 11 then
+    return sliding_refund(KEYS[k], now, p, r, commit)
+  elseif op == 12 then
+    return bucket_refund(KEYS[k], now, p, q, r, commit)
+  elseif op == 13 then
+    return fixed_refund(KEYS[k], now, p, r, commit)
+  end
+  return redis.error_reply('portcullis: unknown operation ' .. tostring(ARGV[a]))
+end
+
+local out = {}
+local a, k = 2, 1
+for call = 1, tonumber(ARGV[1]) do
+  local now, mode, count = clock(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
+  local commit_charges = mode == 0
+  if mode == 1 then
+    -- Look first: a charge happens only if every charge of the call would pass.
+    commit_charges = true
+    for i = 0, count - 1 do
+      if tonumber(ARGV[a + 6 * i]) < 10 then
+        local looked = run(k + i, a + 6 * i, now, false)
+        if looked.err then return looked end
+        if looked[1] == 0 then commit_charges = false end
+      end
     end
   end
+  local results = {}
+  for i = 0, count - 1 do
+    local refund = tonumber(ARGV[a + 6 * i]) > 10
+    local result = run(k + i, a + 6 * i, now, mode ~= 2 and (refund or commit_charges))
+    if result.err then return result end
+    results[i + 1] = result
+  end
+  out[call] = results
+  a = a + 6 * count
+  k = k + count
 end
-local results = {}
-for i = 1, #KEYS do
-  local refund = tonumber(ARGV[3 + 6 * (i - 1)]) > 10
-  local result = run(i, mode ~= 2 and (refund or commit_charges))
-  if result.err then return result end
-  results[i] = result
-end
-return results
+return out

@@ -929,3 +929,114 @@ async fn refused_requests_are_refused_locally_until_their_retry_time() {
     }
     closed.stop().await;
 }
+
+/// The script calls Redis has run since its statistics were last reset (EVALSHA and EVAL).
+fn script_calls(port: u16) -> u64 {
+    cli(port, &["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+fn hourly(requests: u64) -> Limit {
+    Limit {
+        algorithm: Algorithm::SlidingWindow,
+        requests,
+        window_us: 3_600_000_000,
+        burst: requests,
+    }
+}
+
+fn check_of(name: &str, limit: Limit) -> Check {
+    Check {
+        key: key::counter_key("batch", [("k", name)], &limit, None),
+        limit,
+        hits: 1,
+        refund: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_share_script_calls_and_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let store = Arc::new(connected_store(Topology::Standalone(redis.url()), "b1:").await);
+    cli(redis.port, &["CONFIG", "RESETSTAT"]);
+    let check = check_of("hot", hourly(100));
+    let calls: Vec<_> = (0..300)
+        .map(|_| {
+            let store = store.clone();
+            let check = check.clone();
+            tokio::spawn(async move {
+                decide(&store, &[check], ScriptClock::RedisTime).await[0].allowed
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for call in calls {
+        admitted += usize::from(call.await.unwrap());
+    }
+    assert_eq!(admitted, 100, "exactly the limit, batched or not");
+    let scripts = script_calls(redis.port);
+    assert!(
+        scripts < 300,
+        "300 concurrent calls went out as {scripts} script calls: not batched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_call_of_a_batch_is_charged_by_its_own_mode() {
+    let redis = RedisServer::start();
+    let store = Arc::new(connected_store(Topology::Standalone(redis.url()), "b2:").await);
+    cli(redis.port, &["CONFIG", "RESETSTAT"]);
+    // 120 calls at once share a budget of 40 on `shared`; half are all-or-nothing (their own key
+    // may be charged only when `shared` admits them), half charge each descriptor alone (their
+    // own key is charged whatever `shared` says).
+    let shared = check_of("shared", hourly(40));
+    let calls: Vec<_> = (0..120)
+        .map(|i| {
+            let store = store.clone();
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let all_or_nothing = i % 2 == 0;
+                let own = check_of(&format!("own{i}"), hourly(1));
+                let mode = if all_or_nothing {
+                    ChargeMode::AllOrNothing
+                } else {
+                    ChargeMode::EachAlone
+                };
+                let decisions =
+                    decide_in(&store, &[shared, own], ScriptClock::RedisTime, mode).await;
+                (i, all_or_nothing, decisions[0].allowed)
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    let mut outcomes = Vec::new();
+    for call in calls {
+        let (i, all_or_nothing, passed) = call.await.unwrap();
+        admitted += usize::from(passed);
+        outcomes.push((i, all_or_nothing, passed));
+    }
+    assert_eq!(admitted, 40);
+    let scripts = script_calls(redis.port);
+    assert!(
+        scripts < 120,
+        "120 calls went out as {scripts} script calls"
+    );
+    for (i, all_or_nothing, passed) in outcomes {
+        // Look without charging: remaining 0 means the call charged its own key.
+        let own = check_of(&format!("own{i}"), hourly(1));
+        let looked = decide_in(&store, &[own], ScriptClock::RedisTime, ChargeMode::Probe).await;
+        let charged = looked[0].remaining == 0;
+        if all_or_nothing {
+            assert_eq!(charged, passed, "all-or-nothing call {i}");
+        } else {
+            assert!(charged, "each-alone call {i} charges its own key");
+        }
+    }
+}

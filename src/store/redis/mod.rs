@@ -9,6 +9,7 @@
 //! the like, a connection refused); after an I/O error it may have run, and re-sending it would
 //! charge twice. Errors are classified (`classify`) so that the operator reads what is wrong.
 
+pub mod batch;
 pub mod connection;
 pub mod script;
 
@@ -35,6 +36,8 @@ const CLUSTER_ATTEMPTS: u32 = 4;
 #[derive(Clone)]
 pub struct RedisStore {
     backend: Backend,
+    /// Standalone and Sentinel: concurrent calls share script calls.
+    batcher: Option<batch::Batcher>,
     prefix: String,
 }
 
@@ -139,8 +142,16 @@ impl RedisStore {
     ) -> Result<RedisStore, StoreError> {
         let backend = Backend::new(config, metrics)
             .map_err(|e| StoreError::Permanent(format!("the Redis settings cannot work: {e}")))?;
+        let batcher = match &backend {
+            Backend::Pool(set) => Some(batch::Batcher::spawn(
+                set.clone(),
+                config.pool_size.max(1) as usize,
+            )),
+            Backend::Cluster(_) => None,
+        };
         Ok(RedisStore {
             backend,
+            batcher,
             prefix: key_prefix.to_owned(),
         })
     }
@@ -170,10 +181,7 @@ impl RedisStore {
         // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis.
         let counted: Vec<&Check> = checks.iter().filter(|c| c.limit.requests > 0).collect();
         let mut replies: Vec<Result<Value, StoreError>> = match &self.backend {
-            Backend::Pool(set) => {
-                self.eval_pooled(set, &counted, clock, deadline, budget, mode)
-                    .await
-            }
+            Backend::Pool(_) => self.eval_pooled(&counted, clock, deadline, mode).await,
             Backend::Cluster(cluster) => match mode {
                 ChargeMode::AllOrNothing => {
                     self.all_or_nothing_cluster(cluster, &counted, clock, deadline, budget)
@@ -286,48 +294,25 @@ impl RedisStore {
             .collect()
     }
 
-    /// Standalone and Sentinel: one script call for every check, on one live connection.
+    /// Standalone and Sentinel: every check of the call in one script call, shared with the
+    /// calls that wait at the same time (`batch`).
     async fn eval_pooled(
         &self,
-        set: &Arc<connection::ConnectionSet>,
         checks: &[&Check],
         clock: ScriptClock,
         deadline: Instant,
-        budget: Duration,
         mode: ChargeMode,
     ) -> Vec<Result<Value, StoreError>> {
         if checks.is_empty() {
             return Vec::new();
         }
-        let live = match set.get_or_wait(deadline).await {
-            Ok(live) => live,
-            Err(e) => return vec![Err(e); checks.len()],
+        let Some(batcher) = &self.batcher else {
+            return vec![Err(StoreError::Protocol("no dispatcher".into())); checks.len()];
         };
-        let mut conn = live.conn.clone();
         let (keys, args) = self.encode(checks, clock, mode);
-        let called =
-            tokio::time::timeout_at(deadline, eval(&mut conn, &keys, &args, &Route::BySlot)).await;
-        match called {
-            Ok(Ok(values)) if values.len() == checks.len() => {
-                live.succeeded();
-                values.into_iter().map(Ok).collect()
-            }
-            Ok(Ok(values)) => vec![
-                Err(StoreError::Protocol(format!(
-                    "script answered {} results for {} keys",
-                    values.len(),
-                    checks.len()
-                )));
-                checks.len()
-            ],
-            Ok(Err(e)) => {
-                live.failed(&e);
-                vec![Err(classify(&e)); checks.len()]
-            }
-            Err(_) => {
-                live.timed_out();
-                vec![Err(StoreError::Timeout(budget)); checks.len()]
-            }
+        match batcher.call(keys, args, deadline).await {
+            Ok(values) => values.into_iter().map(Ok).collect(),
+            Err(e) => vec![Err(e); checks.len()],
         }
     }
 
@@ -339,11 +324,25 @@ impl RedisStore {
         clock: ScriptClock,
         mode: ChargeMode,
     ) -> Result<Vec<Value>, RedisError> {
-        let (keys, args) = self.encode(&[check], clock, mode);
+        let (keys, call) = self.encode(&[check], clock, mode);
+        // One call in the script call.
+        let mut args = Vec::with_capacity(1 + call.len());
+        args.push(1);
+        args.extend(call);
         let mut route = Route::BySlot;
         let mut attempt = 1;
         loop {
             match eval(conn, &keys, &args, &route).await {
+                Ok(mut calls) => {
+                    return match calls.pop() {
+                        Some(Value::Array(per_key)) if calls.is_empty() => Ok(per_key),
+                        other => Err(RedisError::from((
+                            ErrorKind::UnexpectedReturnType,
+                            "script reply",
+                            format!("expected one call's results, got {other:?}"),
+                        ))),
+                    };
+                }
                 Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
                     tracing::debug!(error = %e, attempt, "script did not run: sending it again");
                     route = match redirect(&e) {
@@ -361,6 +360,8 @@ impl RedisStore {
         }
     }
 
+    /// One call's keys and arguments as the script reads a call: clock, mode, key count, then
+    /// six numbers per key.
     fn encode(
         &self,
         checks: &[&Check],
@@ -368,9 +369,10 @@ impl RedisStore {
         mode: ChargeMode,
     ) -> (Vec<String>, Vec<i64>) {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
-        let mut args: Vec<i64> = Vec::with_capacity(2 + checks.len() * script::ARGS_PER_KEY);
+        let mut args: Vec<i64> = Vec::with_capacity(3 + checks.len() * script::ARGS_PER_KEY);
         args.push(i64::try_from(clock.arg()).unwrap_or(i64::MAX));
         args.push(script::mode_arg(mode));
+        args.push(checks.len() as i64);
         for check in checks {
             script::push_args(check, &mut args);
         }

@@ -1,0 +1,187 @@
+//! Batching across calls, on standalone and Sentinel: the checks of concurrent calls go to Redis
+//! together, as one script call, so that the cost of a script call (the round trip, the Lua run,
+//! reading TIME) is shared by every decision in it.
+//!
+//! One dispatcher per store holds at most one script call in flight per connection. A call that
+//! finds a connection free goes at once; calls that arrive while every connection is busy wait
+//! in a bounded queue and ride the next script call together (at most `MAX_CALLS` calls and
+//! `MAX_KEYS` keys each). The script applies the calls in arrival order, each decided on its own
+//! with its own mode, under one Redis `TIME`: a batch decides exactly what the same calls sent one
+//! by one would. It must never send a call whose caller has given up (its deadline passed while
+//! it waited): that would charge a budget for a call already answered by the failure mode.
+
+use std::sync::Arc;
+
+use redis::Value;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::connection::ConnectionSet;
+use super::{Route, classify, eval};
+use crate::store::StoreError;
+
+/// Most calls in one script call.
+pub const MAX_CALLS: usize = 64;
+/// Most keys in one script call (one script call should stay well under a millisecond of Redis).
+pub const MAX_KEYS: usize = 256;
+/// Most calls waiting for a script call; beyond it a call fails at once (failure mode).
+pub const MAX_WAITING: usize = 4096;
+
+/// One call's part of a batch: its keys, and its arguments as the script reads them per call
+/// (clock, mode, key count, six numbers per key).
+struct Job {
+    keys: Vec<String>,
+    args: Vec<i64>,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Vec<Value>, StoreError>>,
+}
+
+/// The sending side; cheap to clone. The dispatcher stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct Batcher {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Batcher {
+    /// Starts the dispatcher over `set`, with one script call in flight per connection.
+    pub fn spawn(set: Arc<ConnectionSet>, connections: usize) -> Batcher {
+        let (jobs, queue) = mpsc::channel(MAX_WAITING);
+        tokio::spawn(dispatch(
+            set,
+            queue,
+            Arc::new(Semaphore::new(connections.max(1))),
+        ));
+        Batcher { jobs }
+    }
+
+    /// Decides one call (`args` as the script reads one call) in the next script call; its
+    /// per-key replies, or why not, by `deadline`.
+    pub async fn call(
+        &self,
+        keys: Vec<String>,
+        args: Vec<i64>,
+        deadline: Instant,
+    ) -> Result<Vec<Value>, StoreError> {
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            keys,
+            args,
+            deadline,
+            reply,
+        };
+        self.jobs.try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => StoreError::Unavailable(format!(
+                "{MAX_WAITING} calls already wait for Redis; this one is not queued"
+            )),
+            mpsc::error::TrySendError::Closed(_) => {
+                StoreError::Unavailable("the Redis dispatcher has stopped".into())
+            }
+        })?;
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(_)) => Err(StoreError::Unavailable(
+                "the Redis dispatcher dropped the call".into(),
+            )),
+            Err(_) => Err(StoreError::Timeout(budget)),
+        }
+    }
+}
+
+async fn dispatch(set: Arc<ConnectionSet>, mut queue: mpsc::Receiver<Job>, free: Arc<Semaphore>) {
+    loop {
+        // A connection first, then the calls: whatever queued while none was free goes together.
+        let Ok(permit) = free.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = queue.recv().await else {
+            return;
+        };
+        let mut keys = first.keys.len();
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_CALLS && keys < MAX_KEYS {
+            match queue.try_recv() {
+                Ok(job) => {
+                    keys += job.keys.len();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let now = Instant::now();
+        let (live, expired): (Vec<Job>, Vec<Job>) = jobs
+            .into_iter()
+            .partition(|j| j.deadline > now && !j.reply.is_closed());
+        // Their callers have answered already (the timeout is theirs to report).
+        drop(expired);
+        if live.is_empty() {
+            continue;
+        }
+        let set = set.clone();
+        tokio::spawn(async move {
+            send(&set, live).await;
+            drop(permit);
+        });
+    }
+}
+
+/// One script call for `jobs`; every job gets its replies, or the call's error.
+async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
+    let deadline = jobs
+        .iter()
+        .map(|j| j.deadline)
+        .max()
+        .unwrap_or_else(Instant::now);
+    let fail_all = |jobs: Vec<Job>, error: StoreError| {
+        for job in jobs {
+            let _ = job.reply.send(Err(error.clone()));
+        }
+    };
+    let live = match set.get_or_wait(deadline).await {
+        Ok(live) => live,
+        Err(e) => return fail_all(jobs, e),
+    };
+    let mut conn = live.conn.clone();
+    let key_count: usize = jobs.iter().map(|j| j.keys.len()).sum();
+    let mut keys = Vec::with_capacity(key_count);
+    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
+    args.push(jobs.len() as i64);
+    for job in &jobs {
+        keys.extend(job.keys.iter().cloned());
+        args.extend_from_slice(&job.args);
+    }
+    let budget = deadline.saturating_duration_since(Instant::now());
+    let called =
+        tokio::time::timeout_at(deadline, eval(&mut conn, &keys, &args, &Route::BySlot)).await;
+    match called {
+        Ok(Ok(values)) if values.len() == jobs.len() => {
+            live.succeeded();
+            for (job, value) in jobs.into_iter().zip(values) {
+                let replies = match value {
+                    Value::Array(per_key) if per_key.len() == job.keys.len() => Ok(per_key),
+                    other => Err(StoreError::Protocol(format!(
+                        "expected {} results for a call, got {other:?}",
+                        job.keys.len()
+                    ))),
+                };
+                let _ = job.reply.send(replies);
+            }
+        }
+        Ok(Ok(values)) => {
+            let error = StoreError::Protocol(format!(
+                "script answered {} calls of {}",
+                values.len(),
+                jobs.len()
+            ));
+            fail_all(jobs, error);
+        }
+        Ok(Err(e)) => {
+            live.failed(&e);
+            fail_all(jobs, classify(&e));
+        }
+        Err(_) => {
+            live.timed_out();
+            fail_all(jobs, StoreError::Timeout(budget));
+        }
+    }
+}
