@@ -2,33 +2,39 @@
 --
 -- The state transition of algorithm::fixed_window, on a hash {w = window index since the epoch,
 -- c = hits admitted in it}. A window index below the stored one (the clock stepped back) keeps
--- counting in the stored window. With `commit` false nothing is written.
+-- counting in the stored window. Nothing is written when `commit` is false, when the hits are
+-- refused, or when there are none.
 --
 -- Returns {allowed (0|1), now_us, window, count} (the state after the check).
 -- TTL: until the window ends.
 local function fixed_load(key, now, window_us)
   local current = (now - math.fmod(now, window_us)) / window_us
   local stored = redis.call('HMGET', key, 'w', 'c')
-  local window, count = tonumber(stored[1]) or 0, tonumber(stored[2]) or 0
+  local stored_window = tonumber(stored[1])
+  local window, count = stored_window or 0, tonumber(stored[2]) or 0
   if current > window then window, count = current, 0 end
-  return window, count
+  return window, count, stored_window
 end
 
-local function fixed_store(key, now, window_us, window, count)
+-- The expiry is the window's end, the same for every write within a window: set only when the
+-- stored window changes (or the key is new).
+local function fixed_store(key, now, window_us, window, count, stored_window)
   if count > 0 then
     redis.call('HSET', key, 'w', string.format('%.0f', window), 'c', string.format('%.0f', count))
-    redis.call('PEXPIREAT', key, expire_at_ms(now, (window + 1) * window_us - now))
+    if stored_window ~= window then
+      redis.call('PEXPIREAT', key, expire_at_ms(now, (window + 1) * window_us - now))
+    end
   else
     redis.call('DEL', key)
   end
 end
 
 local function fixed_window(key, now, window_us, limit, hits, commit)
-  local window, count = fixed_load(key, now, window_us)
+  local window, count, stored_window = fixed_load(key, now, window_us)
   if hits <= math.max(limit - count, 0) then
     if hits > 0 and commit then
       count = count + hits
-      fixed_store(key, now, window_us, window, count)
+      fixed_store(key, now, window_us, window, count, stored_window)
     end
     return {1, now, window, count}
   end
@@ -38,10 +44,12 @@ end
 -- fixed_refund(key, now_us, window_us, hits, commit): `hits` back to the current window's
 -- counter, never below zero (algorithm::fixed_window::refund). Always allowed.
 local function fixed_refund(key, now, window_us, hits, commit)
-  local window, count = fixed_load(key, now, window_us)
-  if count > 0 and commit then
+  local window, count, stored_window = fixed_load(key, now, window_us)
+  if commit then
+    -- Written even when nothing was left to give back: an older window's count is dropped
+    -- (the key is deleted), as the memory store drops its entry.
     count = math.max(count - hits, 0)
-    fixed_store(key, now, window_us, window, count)
+    fixed_store(key, now, window_us, window, count, stored_window)
   end
   return {1, now, window, count}
 end

@@ -1,82 +1,108 @@
 -- sliding_window(key, now_us, sub_window_us, limit, hits, commit)
 --
--- The state transition of algorithm::sliding_window, on a hash: field = sub-window index since the
--- epoch, value = hits admitted in it. Sub-windows older than the newest minus SUB_WINDOWS are
--- deleted; the sum of the rest plus `hits` must stay within `limit` for the hits to be added to
--- the newest sub-window. A sub-window index below the newest stored one (the clock stepped back,
--- e.g. a failover to a replica whose clock is behind) counts into the newest: never hand out
--- budget twice. With `commit` false nothing is written: the answer says whether the hits would
--- pass, and the state is the one stored.
+-- The state transition of algorithm::sliding_window, on a hash: one field per live sub-window
+-- (its index since the epoch = the hits admitted in it), and three bookkeeping fields: `t` the
+-- running total of those sub-windows, `n` the newest sub-window index the state has moved to,
+-- `l` the newest sub-window holding hits. Every sub-window field lies in [n - SUB_WINDOWS, n]:
+-- moving to a newer sub-window subtracts and deletes the fields that leave the window, so a call
+-- reads a few fields, never all of them. A sub-window index below `n` (the clock stepped back,
+-- e.g. a failover to a replica whose clock is behind) counts into `n`: never hand out budget
+-- twice. Only admitted hits write (and delete the fields that left): a refusal, a call of no
+-- hits, or `commit` false write nothing, as the memory store leaves its entry.
 --
--- Returns {allowed (0|1), now_us, index1, count1, index2, count2, ...} for the live sub-windows;
--- Rust derives remaining/reset/retry from that with the same code the memory store uses.
--- TTL: until the newest non-empty sub-window leaves the window, (newest + SLOTS) * sub_window_us.
-local SUB_WINDOWS = 10
+-- Returns {1, now_us, total, l} when the hits pass (Rust needs no more), and
+-- {0, now_us, total, l, index1, count1, index2, count2, ...} (the live sub-windows) when they do
+-- not, for the retry time; Rust derives remaining/reset/retry with the memory store's code.
+-- TTL: until the newest sub-window holding hits leaves the window, (l + SLOTS) * sub_window_us;
+-- set when `l` moves, so a call within the same sub-window writes no TTL.
+local SUB_WINDOWS = 60
 local SLOTS = SUB_WINDOWS + 1
 
--- The live sub-windows of `key` (deleting the stale ones when `commit`): a list of index, count
--- pairs, their sum, and the newest index (at least `current`).
-local function sliding_load(key, current, commit)
-  local raw = redis.call('HGETALL', key)
-  local newest = current
-  for i = 1, #raw, 2 do
-    local index = tonumber(raw[i])
-    if index > newest then newest = index end
-  end
-  local used, live, stale = 0, {}, {}
-  for i = 1, #raw, 2 do
-    local index, count = tonumber(raw[i]), tonumber(raw[i + 1])
-    if index + SUB_WINDOWS >= newest and count > 0 then
-      used = used + count
-      live[#live + 1] = index
-      live[#live + 1] = count
-    else
-      stale[#stale + 1] = raw[i]
-    end
-  end
-  if commit and #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-  return live, used, newest
+local function index_name(index)
+  return string.format('%.0f', index)
 end
 
-local function sliding_reply(allowed, now, live)
-  local out = {allowed, now}
-  for i = 1, #live do out[#out + 1] = live[i] end
-  return out
+-- The state at sub-window `current`: total, the sub-window hits go to (newest), its count, the
+-- newest sub-window holding hits (l, 0 when none), and the fields that left the window (to be
+-- deleted by a write; nothing is written here).
+local function sliding_load(key, current)
+  local stored = redis.call('HMGET', key, 't', 'n', 'l', index_name(current))
+  local total, n, last = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
+  if n == nil then return 0, current, 0, 0, nil end
+  if current == n then return total, n, tonumber(stored[4]) or 0, last, nil end
+  if current < n then
+    return total, n, tonumber(redis.call('HGET', key, index_name(n))) or 0, last, nil
+  end
+  if current - n >= SLOTS then
+    -- Every sub-window has left: the key goes as a whole.
+    return 0, current, 0, 0, true
+  end
+  -- Sub-windows n - SUB_WINDOWS .. current - SLOTS leave.
+  local leaving = {}
+  for index = n - SUB_WINDOWS, current - SLOTS do leaving[#leaving + 1] = index_name(index) end
+  if #leaving > 0 then
+    local counts = redis.call('HMGET', key, unpack(leaving))
+    for i = 1, #counts do total = total - (tonumber(counts[i]) or 0) end
+  end
+  if total <= 0 then last = 0 end
+  return total, current, 0, last, leaving
+end
+
+-- The live (index, count) pairs at `newest`, for a refusal's retry time or a refund.
+local function sliding_pairs(key, newest)
+  local raw = redis.call('HGETALL', key)
+  local pairs = {}
+  for i = 1, #raw, 2 do
+    local index = tonumber(raw[i])
+    local count = tonumber(raw[i + 1])
+    if index ~= nil and index + SUB_WINDOWS >= newest and count > 0 then
+      pairs[#pairs + 1] = index
+      pairs[#pairs + 1] = count
+    end
+  end
+  return pairs
 end
 
 local function sliding_window(key, now, sub_us, limit, hits, commit)
   local current = (now - math.fmod(now, sub_us)) / sub_us
-  local live, used, newest = sliding_load(key, current, commit)
-  local allowed = 0
-  if hits <= math.max(limit - used, 0) then
-    allowed = 1
-    if hits > 0 and commit then
-      local field = string.format('%.0f', newest)
-      redis.call('HINCRBY', key, field, hits)
-      local merged = false
-      for i = 1, #live, 2 do
-        if live[i] == newest then
-          live[i + 1] = live[i + 1] + hits
-          merged = true
-        end
-      end
-      if not merged then
-        live[#live + 1] = newest
-        live[#live + 1] = hits
-      end
-      local ttl_us = (newest + SLOTS) * sub_us - now
-      redis.call('PEXPIREAT', key, expire_at_ms(now, ttl_us))
-    end
+  local total, newest, count, last, leaving = sliding_load(key, current)
+  if hits > math.max(limit - total, 0) then
+    -- Refused: nothing written.
+    local out = {0, now, total, last}
+    local pairs = sliding_pairs(key, newest)
+    for i = 1, #pairs do out[#out + 1] = pairs[i] end
+    return out
   end
-  return sliding_reply(allowed, now, live)
+  if commit and hits > 0 then
+    if leaving == true then
+      redis.call('DEL', key)
+    elseif leaving ~= nil and #leaving > 0 then
+      redis.call('HDEL', key, unpack(leaving))
+    end
+    total = total + hits
+    redis.call('HSET', key, index_name(newest), index_name(count + hits), 't', index_name(total),
+      'n', index_name(newest), 'l', index_name(newest))
+    if last ~= newest then
+      redis.call('PEXPIREAT', key, expire_at_ms(now, (newest + SLOTS) * sub_us - now))
+    end
+    last = newest
+  end
+  return {1, now, total, last}
 end
 
 -- sliding_refund(key, now_us, sub_window_us, hits, commit): `hits` taken back from the newest
 -- sub-windows first, never below zero (algorithm::sliding_window::refund). Always allowed.
 local function sliding_refund(key, now, sub_us, hits, commit)
   local current = (now - math.fmod(now, sub_us)) / sub_us
-  local live, _, _ = sliding_load(key, current, commit)
-  if not commit then return sliding_reply(1, now, live) end
+  local n = tonumber(redis.call('HGET', key, 'n'))
+  local newest = current
+  if n ~= nil and n > current then newest = n end
+  local live = sliding_pairs(key, newest)
+  local total = 0
+  for i = 2, #live, 2 do total = total + live[i] end
+  local last = 0
+  for i = 1, #live, 2 do if live[i] > last then last = live[i] end end
+  if not commit then return {1, now, total, last} end
   -- Pairs are in hash order: take from the highest index down.
   local order = {}
   for i = 1, #live, 2 do order[#order + 1] = i end
@@ -87,25 +113,22 @@ local function sliding_refund(key, now, sub_us, hits, commit)
     local taken = math.min(left, live[i + 1])
     live[i + 1] = live[i + 1] - taken
     left = left - taken
-    local field = string.format('%.0f', live[i])
-    if live[i + 1] > 0 then
-      redis.call('HSET', key, field, string.format('%.0f', live[i + 1]))
-    else
-      redis.call('HDEL', key, field)
-    end
   end
-  local kept, newest = {}, nil
+  -- Rewrite the state from what is left.
+  redis.call('DEL', key)
+  local fields, kept_total, kept_last = {}, 0, 0
   for i = 1, #live, 2 do
     if live[i + 1] > 0 then
-      kept[#kept + 1] = live[i]
-      kept[#kept + 1] = live[i + 1]
-      if newest == nil or live[i] > newest then newest = live[i] end
+      fields[#fields + 1] = index_name(live[i])
+      fields[#fields + 1] = index_name(live[i + 1])
+      kept_total = kept_total + live[i + 1]
+      if live[i] > kept_last then kept_last = live[i] end
     end
   end
-  if newest == nil then
-    redis.call('DEL', key)
-  else
-    redis.call('PEXPIREAT', key, expire_at_ms(now, (newest + SLOTS) * sub_us - now))
+  if kept_total > 0 then
+    redis.call('HSET', key, 't', index_name(kept_total), 'n', index_name(newest),
+      'l', index_name(kept_last), unpack(fields))
+    redis.call('PEXPIREAT', key, expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
   end
-  return sliding_reply(1, now, kept)
+  return {1, now, kept_total, kept_last}
 end

@@ -6,8 +6,8 @@
 -- remainder with 128-bit integers, so this script only adds and compares integers below 2^53,
 -- where Lua's doubles are exact. A fraction counted in another rate (a reload changed the rule's
 -- number) is first rounded up to a whole microsecond, as `at_rate` does.
--- cost_q = -1 means the hits exceed the burst: refused without touching the state. With
--- `commit` false nothing is written.
+-- cost_q = -1 means the hits exceed the burst: refused without touching the state. Nothing is
+-- written when `commit` is false, when the hits are refused, or when there are none.
 --
 -- Returns {allowed (0|1), now_us, tat_us, frac} (the state after the check, frac in `requests`).
 -- TTL: until the bucket is full again (TAT), rounded up to the millisecond.
@@ -38,7 +38,8 @@ local function token_bucket(key, now, requests, cost_q, cost_r, tol_q, tol_r, co
   local next_t = base_t + cost_q + carry
   local ahead = next_t - now
   if ahead < tol_q or (ahead == tol_q and next_f <= tol_r) then
-    if not commit then return {1, now, tat, frac} end
+    -- Nothing spent (no hits), or only looking: nothing written.
+    if not commit or (cost_q == 0 and cost_r == 0) then return {1, now, tat, frac} end
     bucket_store(key, now, requests, next_t, next_f)
     return {1, now, next_t, next_f}
   end

@@ -234,7 +234,7 @@ async fn standalone_redis() {
     let keys = common::redis::cli(redis.port, &["KEYS", "sa:*path*"]);
     let keys: Vec<&str> = keys.lines().collect();
     assert!(
-        keys.contains(&"sa:{parity|path==/files/*}:sw:60000000us"),
+        keys.contains(&"sa:{parity|path==/files/*}:sw60:60000000us"),
         "{keys:?}"
     );
     assert_eq!(keys.iter().filter(|k| k.contains("/files/")).count(), 1);

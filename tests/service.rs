@@ -56,8 +56,9 @@ async fn over_limit_after_n_hits_with_limit_remaining_and_reset() {
             (limit.requests_per_unit, limit.unit),
             (3, Unit::Minute as i32)
         );
-        // Sliding window: the first hit leaves the window after one minute plus one sub-window.
-        assert_eq!(s.duration_until_reset.unwrap().seconds, 66);
+        // Sliding window: the first hit leaves the window after one minute plus one sub-window
+        // (a sixtieth of the minute).
+        assert_eq!(s.duration_until_reset.unwrap().seconds, 61);
     }
     let r = server.ok(request("basic", &[&[("key1", "a")]])).await;
     assert_eq!(r.overall_code, OVER);
@@ -567,13 +568,13 @@ async fn draft03_headers_describe_the_most_restrictive_limit() {
         Some("2, 100;w=3600, 2;w=60;name=\"per-ip\"")
     );
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("1"));
-    assert_eq!(header(&r, "x-ratelimit-reset"), Some("66"));
+    assert_eq!(header(&r, "x-ratelimit-reset"), Some("61"));
     assert_eq!(header(&r, "retry-after"), None);
     call().await;
     let r = call().await;
     assert_eq!(r.overall_code, OVER);
     assert_eq!(header(&r, "x-ratelimit-remaining"), Some("0"));
-    assert_eq!(header(&r, "retry-after"), Some("66"));
+    assert_eq!(header(&r, "retry-after"), Some("61"));
     server.stop().await;
 }
 
@@ -590,7 +591,7 @@ async fn ietf_headers_and_none_by_default() {
         Some("2;w=60;name=\"per-ip\"")
     );
     assert_eq!(header(&r, "ratelimit-remaining"), Some("1"));
-    assert_eq!(header(&r, "ratelimit-reset"), Some("66"));
+    assert_eq!(header(&r, "ratelimit-reset"), Some("61"));
     server.stop().await;
 
     let server = TestServer::start(&[("h.yaml", HEADERS)]).await;

@@ -123,7 +123,7 @@ mod tests {
                 assert_ne!(a, b);
             }
             // The whole descriptor is the hash tag: nothing a value holds can end it early.
-            assert!(a.ends_with(":sw:60000000us"), "{a}");
+            assert!(a.ends_with(":sw60:60000000us"), "{a}");
             assert_eq!(a.matches('{').count(), 1);
             assert_eq!(a.matches('}').count(), 1);
             assert!(hash_tag(a).starts_with('d'));

@@ -122,11 +122,32 @@ proptest! {
                 // Any interval of one window ending now (the last admission in it).
                 prop_assert!(within(&admitted, limit.window_us) <= limit.requests);
             } else if hits <= limit.requests {
-                let recent = within(&admitted, limit.window_us + g);
+                // Hits are counted for at most SLOTS sub-windows.
+                let recent = within(&admitted, SLOTS as u64 * g);
                 prop_assert!(recent + hits > limit.requests,
-                    "denied although the last window + sub-window held only {}", recent);
+                    "denied although the last SLOTS sub-windows held only {}", recent);
             }
         }
+    }
+}
+
+/// The sliding window forgets a hit within 1/60 of its unit past the unit, for the units rules
+/// use: a minute's hits are gone after 61 s, a second's after 1.02 s.
+#[test]
+fn the_sliding_window_forgets_within_a_sixtieth_of_its_unit() {
+    for (window_us, most_us) in [
+        (1_000_000, 1_020_000),
+        (60_000_000, 61_000_000),
+        (3_600_000_000, 3_660_000_000),
+        (86_400_000_000, 87_840_000_000),
+    ] {
+        let g = sub_window_us(window_us);
+        assert!(SUB_WINDOWS * g >= window_us, "every window is covered");
+        assert!(
+            SLOTS as u64 * g <= most_us,
+            "{window_us}: forgotten after {}",
+            SLOTS as u64 * g
+        );
     }
 }
 

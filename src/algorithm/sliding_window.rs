@@ -1,34 +1,53 @@
 //! Sliding window over sub-window counters.
 //!
-//! The window of `window_us` is cut into `SUB_WINDOWS` epoch-aligned sub-windows of
+//! The window of `window_us` is cut into `SUB_WINDOWS` (60) epoch-aligned sub-windows of
 //! `sub_window_us = ceil(window_us / SUB_WINDOWS)`. A counter keeps the hits admitted in each of the
-//! last `SLOTS = SUB_WINDOWS + 1` sub-windows (the current one and the `SUB_WINDOWS` before it).
-//! A request is admitted when the sum of those counters plus its hits stays within the limit.
+//! last `SLOTS = SUB_WINDOWS + 1` sub-windows (the current one and the `SUB_WINDOWS` before it),
+//! and their running total. A request is admitted when the total plus its hits stays within the
+//! limit.
 //!
 //! Why this never over-admits: take any interval of length `window_us` and the last hit admitted
 //! in it, at time t in sub-window b. Every earlier hit of the interval lies in (t - window_us, t],
-//! which is covered by sub-windows b - SUB_WINDOWS ..= b, all of which were summed when t was
+//! which is covered by sub-windows b - SUB_WINDOWS ..= b, all of which were counted when t was
 //! admitted; so the interval holds at most the limit.
 //!
 //! The price (bounded under-admission): hits of the oldest counted sub-window stay counted for up
 //! to one sub-window longer than `window_us`. Equivalently a hit is forgotten between `window_us`
-//! and `window_us * (1 + 1/SUB_WINDOWS)` after it was admitted, never sooner.
-//! Memory per key: `SLOTS` counters, whatever the limit.
+//! and `SLOTS * sub_window_us` (a minute's window: 61 s; a second's: 1.017 s) after it was
+//! admitted, never sooner. Memory per key: `SLOTS` counters and a total, whatever the limit.
 
 use super::{Decision, Limit, Outcome, us};
 
-pub const SUB_WINDOWS: u64 = 10;
+pub const SUB_WINDOWS: u64 = 60;
 pub const SLOTS: usize = SUB_WINDOWS as usize + 1;
 
 /// Counters of the last `SLOTS` sub-windows; `counts[SLOTS - 1]` belongs to sub-window `newest`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// A sub-window's count never exceeds the limit (at most `u32::MAX` requests: Envoy's field is a
+/// uint32, and rules are validated against it), so 32 bits hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlidingState {
     newest: u64,
-    counts: [u64; SLOTS],
+    total: u64,
+    counts: [u32; SLOTS],
+}
+
+impl Default for SlidingState {
+    fn default() -> Self {
+        SlidingState {
+            newest: 0,
+            total: 0,
+            counts: [0; SLOTS],
+        }
+    }
 }
 
 pub fn sub_window_us(window_us: u64) -> u64 {
     window_us.div_ceil(SUB_WINDOWS).max(1)
+}
+
+/// The most a sub-window may hold; admissions are bounded by it so no count ever saturates.
+fn capacity(limit: &Limit) -> u64 {
+    limit.requests.min(u64::from(u32::MAX))
 }
 
 impl SlidingState {
@@ -43,9 +62,11 @@ impl SlidingState {
                 let age = newest - bucket;
                 if age < SLOTS as u64 {
                     let slot = SLOTS - 1 - age as usize;
+                    let count = u32::try_from(count).unwrap_or(u32::MAX);
                     state.counts[slot] = state.counts[slot].saturating_add(count);
                 }
             }
+            state.total = state.counts.iter().map(|&c| u64::from(c)).sum();
         }
         state
     }
@@ -57,14 +78,12 @@ impl SlidingState {
             .enumerate()
             .filter_map(move |(slot, &count)| {
                 let age = (SLOTS - 1 - slot) as u64;
-                (count > 0 && self.newest >= age).then(|| (self.newest - age, count))
+                (count > 0 && self.newest >= age).then(|| (self.newest - age, u64::from(count)))
             })
     }
 
     pub fn total(&self) -> u64 {
-        self.counts
-            .iter()
-            .fold(0u64, |sum, &c| sum.saturating_add(c))
+        self.total
     }
 
     /// Moves the newest sub-window forward to `bucket`, dropping counters that leave the window.
@@ -77,12 +96,22 @@ impl SlidingState {
         let shift = bucket - self.newest;
         if shift >= SLOTS as u64 {
             self.counts = [0; SLOTS];
+            self.total = 0;
         } else {
             let shift = shift as usize;
+            let left: u64 = self.counts[..shift].iter().map(|&c| u64::from(c)).sum();
+            self.total -= left;
             self.counts.rotate_left(shift);
             self.counts[SLOTS - shift..].fill(0);
         }
         self.newest = bucket;
+    }
+
+    fn add(&mut self, hits: u64) {
+        // Admitted hits fit: total + hits <= capacity <= u32::MAX.
+        let hits32 = u32::try_from(hits).unwrap_or(u32::MAX);
+        self.counts[SLOTS - 1] = self.counts[SLOTS - 1].saturating_add(hits32);
+        self.total += u64::from(hits32);
     }
 }
 
@@ -91,9 +120,9 @@ pub fn check(state: &mut SlidingState, now_us: u64, limit: &Limit, hits: u64) ->
     let sub_us = sub_window_us(limit.window_us);
     state.advance(now_us / sub_us);
     let used = state.total();
-    let allowed = hits <= limit.requests.saturating_sub(used);
+    let allowed = hits <= capacity(limit).saturating_sub(used);
     if allowed {
-        state.counts[SLOTS - 1] = state.counts[SLOTS - 1].saturating_add(hits);
+        state.add(hits);
     }
     let outcome = summarize(state, now_us, limit, hits, allowed);
     debug_assert!(allowed || outcome.decision.remaining == limit.requests.saturating_sub(used));
@@ -107,8 +136,9 @@ pub fn refund(state: &mut SlidingState, now_us: u64, limit: &Limit, hits: u64) -
     state.advance(now_us / sub_us);
     let mut left = hits;
     for count in state.counts.iter_mut().rev() {
-        let taken = left.min(*count);
-        *count -= taken;
+        let taken = left.min(u64::from(*count));
+        *count -= taken as u32;
+        state.total -= taken;
         left -= taken;
         if left == 0 {
             break;

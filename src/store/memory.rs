@@ -150,16 +150,16 @@ fn run_in(
     now_us: u64,
     commit: bool,
 ) -> Decision {
-    let fresh = || State::empty(check.limit.algorithm);
-    let mut state = match shard.get_mut(check.key.as_str()) {
-        Some(entry) if entry.expires_at_us > now_us && commit => {
-            std::mem::replace(&mut entry.state, fresh())
-        }
+    let mut state = match shard.get(check.key.as_str()) {
         Some(entry) if entry.expires_at_us > now_us => entry.state.clone(),
-        _ => fresh(),
+        _ => State::empty(check.limit.algorithm),
     };
     let outcome = algorithm::run(&mut state, now_us, check, commit);
-    if !commit {
+    // Only what spends or gives back changes the entry. A refusal or a call of no hits leaves it
+    // exactly as it was (state and expiry), as the Redis scripts leave the key: dropping or
+    // advancing it would forget spending that a clock stepping back makes count again.
+    let changes = commit && outcome.decision.allowed && (check.refund || check.hits > 0);
+    if !changes {
         return outcome.decision;
     }
     if outcome.keep_for_us == 0 {

@@ -173,10 +173,19 @@ pub fn decision(check: &Check, reply: &Value) -> Result<Decision, StoreError> {
     let hits = check.hits;
     let outcome: Outcome = match limit.algorithm {
         Algorithm::SlidingWindow => {
-            if rest.len() % 2 != 0 {
+            let [total, last, pairs @ ..] = rest else {
+                return Err(protocol("sliding window reply needs total and newest"));
+            };
+            if pairs.len() % 2 != 0 {
                 return Err(protocol("sliding window reply has an odd number of values"));
             }
-            let state = SlidingState::from_counts(rest.chunks(2).map(|p| (p[0], p[1])));
+            // Passed: the total and where it ends are all the answer needs. Refused: the live
+            // sub-windows, oldest first once rebuilt, give the retry time.
+            let state = if allowed {
+                SlidingState::from_counts([(*last, *total)])
+            } else {
+                SlidingState::from_counts(pairs.chunks(2).map(|p| (p[0], p[1])))
+            };
             sliding_window::summarize(&state, now_us, limit, hits, allowed)
         }
         Algorithm::TokenBucket => {
