@@ -461,3 +461,37 @@ async fn one_connection_carries_at_most_max_concurrent_streams_calls_at_once() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_new_descriptors_fills_the_memory_store_to_its_cap_and_no_further() {
+    // 64 shards of 4 counters: at most 256 counters.
+    let server = TestServer::start_with(&[("b.yaml", RULES)], |s| {
+        s.memory_max_counters = 256;
+    })
+    .await;
+    for i in 0..2_000 {
+        let call = RateLimitRequest {
+            domain: "b".into(),
+            descriptors: vec![descriptor(&[("tenant", &format!("t{i}"))])],
+            hits_addend: 0,
+        };
+        // The default failure mode allows; the store's refusal shows in the metrics.
+        server.ok(call).await;
+    }
+    let metrics = metrics_text(&server).await;
+    let refused = sample(
+        &metrics,
+        "portcullis_store_errors_total{kind=\"unavailable\"}",
+    ) as u64;
+    assert!(
+        refused >= 2_000 - 256,
+        "every descriptor past the cap is answered by the failure mode: {refused}"
+    );
+    assert!(
+        sample(
+            &metrics,
+            "portcullis_failure_mode_answers_total{mode=\"allow\"}"
+        ) >= refused as f64
+    );
+    server.stop().await;
+}

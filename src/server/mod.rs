@@ -162,7 +162,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     }
 
     let memory = || {
-        let store = MemoryStore::new(clock.clone());
+        let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
         store.spawn_sweeper(Duration::from_secs(10));
         Box::new(store)
     };

@@ -365,6 +365,11 @@ pub struct Settings {
     /// Most memory the deny cache's entries are accounted at, in bytes (keys and bookkeeping).
     #[arg(long, env = "PORTCULLIS_DENY_CACHE_MAX_BYTES", default_value_t = 16 << 20)]
     pub deny_cache_max_bytes: usize,
+    /// Most counters the memory store (and the `local` failure mode's) holds, about 400 bytes
+    /// each. When full, a new descriptor is answered by the failure mode (counted, logged) until
+    /// counters expire: a live counter is never evicted, which would hand its budget back.
+    #[arg(long, env = "PORTCULLIS_MEMORY_MAX_COUNTERS", default_value_t = crate::store::memory::DEFAULT_MAX_COUNTERS)]
+    pub memory_max_counters: usize,
     /// What to answer when the store errs or misses its deadline.
     #[arg(
         long,
@@ -715,6 +720,7 @@ impl Settings {
             ("--max-in-flight", self.max_in_flight),
             ("--deny-cache-max-entries", self.deny_cache_max_entries),
             ("--deny-cache-max-bytes", self.deny_cache_max_bytes),
+            ("--memory-max-counters", self.memory_max_counters),
             (
                 "--grpc-max-concurrent-streams",
                 self.grpc_max_concurrent_streams as usize,
@@ -799,6 +805,7 @@ impl Settings {
             failure_mode: FailureMode::Allow,
             deny_cache: true,
             deny_cache_max_entries: 100_000,
+            memory_max_counters: crate::store::memory::DEFAULT_MAX_COUNTERS,
             deny_cache_max_bytes: 16 << 20,
             response_headers: HeadersMode::Off,
             shadow_mode: false,

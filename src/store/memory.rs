@@ -5,6 +5,9 @@
 //! Sharded so that concurrent calls for different descriptors rarely meet on one lock; no lock is
 //! held across an await. Keys expire when their state is back to empty, and a sweeper removes
 //! expired keys a shard at a time, so memory follows the live descriptors, not every one ever seen.
+//! The number of counters is capped: when full, a check that needs a new counter fails (the
+//! failure mode answers it, counted and logged) rather than evicting a live one, which would hand
+//! its budget back.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -13,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Store, StoreFuture};
+use super::{Answers, Store, StoreError, StoreFuture};
 use crate::algorithm::{self, ChargeMode, Check, Decision, State};
 use crate::clock::Clock;
 
@@ -27,18 +30,31 @@ struct Entry {
 
 type Shard = Mutex<HashMap<String, Entry>>;
 
+/// The default cap on counters: about 100 MB at most.
+pub const DEFAULT_MAX_COUNTERS: usize = 250_000;
+
 pub struct MemoryStore {
     shards: Box<[Shard]>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
+    /// Counters one shard may hold.
+    per_shard: usize,
+    max_counters: usize,
 }
 
 impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>) -> Arc<Self> {
+        Self::with_max_counters(clock, DEFAULT_MAX_COUNTERS)
+    }
+
+    /// A store holding at most about `max_counters` counters (the cap is kept per shard).
+    pub fn with_max_counters(clock: Arc<dyn Clock>, max_counters: usize) -> Arc<Self> {
         Arc::new(Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             clock,
+            per_shard: max_counters.div_ceil(SHARDS).max(1),
+            max_counters,
         })
     }
 
@@ -55,20 +71,20 @@ impl MemoryStore {
 
     /// Runs one check at `now_us`, charged (or refunded). Public so that model tests can drive
     /// exact clock readings.
-    pub fn check_at(&self, check: &Check, now_us: u64) -> Decision {
+    pub fn check_at(&self, check: &Check, now_us: u64) -> Result<Decision, StoreError> {
         let mut shard = self.lock(self.shard_index(&check.key));
-        run_in(&mut shard, check, now_us, true)
+        self.run_in(&mut shard, check, now_us, true)
     }
 
     /// Runs a call's checks at `now_us` as `mode` says. All or nothing holds every shard the call
     /// touches, locked in index order (so two calls never wait on each other in a circle), while
     /// it looks and then charges: no other call sees a half-charged call.
-    pub fn check_all_at(&self, checks: &[Check], now_us: u64, mode: ChargeMode) -> Vec<Decision> {
+    pub fn check_all_at(&self, checks: &[Check], now_us: u64, mode: ChargeMode) -> Answers {
         match mode {
             ChargeMode::EachAlone => checks.iter().map(|c| self.check_at(c, now_us)).collect(),
             ChargeMode::Probe => checks
                 .iter()
-                .map(|c| run_in(&mut self.lock(self.shard_index(&c.key)), c, now_us, false))
+                .map(|c| self.run_in(&mut self.lock(self.shard_index(&c.key)), c, now_us, false))
                 .collect(),
             ChargeMode::AllOrNothing => {
                 let mut indices: Vec<usize> =
@@ -83,18 +99,92 @@ impl MemoryStore {
                 };
                 let mut all = true;
                 for check in checks.iter().filter(|c| !c.refund) {
-                    let looked = run_in(&mut guards[position(check)], check, now_us, false);
-                    all &= looked.allowed;
+                    match self.run_in(&mut guards[position(check)], check, now_us, false) {
+                        Ok(looked) => all &= looked.allowed,
+                        Err(e) => return vec![Err(e); checks.len()],
+                    }
+                }
+                // Room for every new counter first: a call is charged whole or not at all.
+                if all {
+                    for check in checks {
+                        let shard = &mut guards[position(check)];
+                        if let Err(e) = self.make_room(shard, &check.key, now_us) {
+                            return vec![Err(e); checks.len()];
+                        }
+                    }
                 }
                 checks
                     .iter()
                     .map(|check| {
                         let commit = all || check.refund;
-                        run_in(&mut guards[position(check)], check, now_us, commit)
+                        self.run_in(&mut guards[position(check)], check, now_us, commit)
                     })
                     .collect()
             }
         }
+    }
+
+    /// Whether `key` has, or can get, a counter in `shard`: expired counters are dropped to make
+    /// room; a full shard of live ones refuses.
+    fn make_room(
+        &self,
+        shard: &mut HashMap<String, Entry>,
+        key: &str,
+        now_us: u64,
+    ) -> Result<(), StoreError> {
+        if shard.len() < self.per_shard || shard.contains_key(key) {
+            return Ok(());
+        }
+        shard.retain(|_, entry| entry.expires_at_us > now_us);
+        if shard.len() < self.per_shard {
+            return Ok(());
+        }
+        Err(StoreError::Unavailable(format!(
+            "the memory store is full ({} live counters, --memory-max-counters); a new \
+             descriptor cannot be counted until some expire",
+            self.max_counters
+        )))
+    }
+
+    /// Runs one check on a locked shard: charges or refunds when `commit`, else only looks.
+    fn run_in(
+        &self,
+        shard: &mut HashMap<String, Entry>,
+        check: &Check,
+        now_us: u64,
+        commit: bool,
+    ) -> Result<Decision, StoreError> {
+        let mut state = match shard.get(check.key.as_str()) {
+            Some(entry) if entry.expires_at_us > now_us => entry.state.clone(),
+            _ => State::empty(check.limit.algorithm),
+        };
+        let outcome = algorithm::run(&mut state, now_us, check, commit);
+        // Only what spends or gives back changes the entry. A refusal or a call of no hits leaves
+        // it exactly as it was (state and expiry), as the Redis scripts leave the key: dropping
+        // or advancing it would forget spending that a clock stepping back makes count again.
+        let changes = commit && outcome.decision.allowed && (check.refund || check.hits > 0);
+        if !changes {
+            return Ok(outcome.decision);
+        }
+        if outcome.keep_for_us == 0 {
+            shard.remove(check.key.as_str());
+            return Ok(outcome.decision);
+        }
+        let expires_at_us = now_us.saturating_add(outcome.keep_for_us);
+        if let Some(entry) = shard.get_mut(check.key.as_str()) {
+            entry.state = state;
+            entry.expires_at_us = expires_at_us;
+        } else {
+            self.make_room(shard, &check.key, now_us)?;
+            shard.insert(
+                check.key.clone(),
+                Entry {
+                    state,
+                    expires_at_us,
+                },
+            );
+        }
+        Ok(outcome.decision)
     }
 
     /// Removes every expired entry; returns how many were removed.
@@ -142,49 +232,6 @@ impl MemoryStore {
     }
 }
 
-/// Runs one check on a locked shard: charges or refunds when `commit`, else only looks. An entry
-/// whose state is back to empty is removed.
-fn run_in(
-    shard: &mut HashMap<String, Entry>,
-    check: &Check,
-    now_us: u64,
-    commit: bool,
-) -> Decision {
-    let mut state = match shard.get(check.key.as_str()) {
-        Some(entry) if entry.expires_at_us > now_us => entry.state.clone(),
-        _ => State::empty(check.limit.algorithm),
-    };
-    let outcome = algorithm::run(&mut state, now_us, check, commit);
-    // Only what spends or gives back changes the entry. A refusal or a call of no hits leaves it
-    // exactly as it was (state and expiry), as the Redis scripts leave the key: dropping or
-    // advancing it would forget spending that a clock stepping back makes count again.
-    let changes = commit && outcome.decision.allowed && (check.refund || check.hits > 0);
-    if !changes {
-        return outcome.decision;
-    }
-    if outcome.keep_for_us == 0 {
-        shard.remove(check.key.as_str());
-    } else {
-        let expires_at_us = now_us.saturating_add(outcome.keep_for_us);
-        match shard.get_mut(check.key.as_str()) {
-            Some(entry) => {
-                entry.state = state;
-                entry.expires_at_us = expires_at_us;
-            }
-            None => {
-                shard.insert(
-                    check.key.clone(),
-                    Entry {
-                        state,
-                        expires_at_us,
-                    },
-                );
-            }
-        }
-    }
-    outcome.decision
-}
-
 impl Store for Arc<MemoryStore> {
     fn check<'a>(
         &'a self,
@@ -193,12 +240,7 @@ impl Store for Arc<MemoryStore> {
         mode: ChargeMode,
     ) -> StoreFuture<'a> {
         let now_us = self.clock.now_us();
-        let decisions = self
-            .check_all_at(checks, now_us, mode)
-            .into_iter()
-            .map(Ok)
-            .collect();
-        Box::pin(std::future::ready(decisions))
+        Box::pin(std::future::ready(self.check_all_at(checks, now_us, mode)))
     }
 
     fn name(&self) -> &'static str {
@@ -229,7 +271,7 @@ mod tests {
     #[test]
     fn idle_descriptors_are_swept_so_memory_follows_live_traffic() {
         let clock = ManualClock::new(1_763_000_000_000_000);
-        let store = MemoryStore::new(Arc::new(clock.clone()));
+        let store = MemoryStore::with_max_counters(Arc::new(clock.clone()), 1_000_000);
         let algorithms = [
             Algorithm::SlidingWindow,
             Algorithm::TokenBucket,
@@ -237,15 +279,15 @@ mod tests {
         ];
         for i in 0..300_000u32 {
             let c = check(format!("{{d|ip={i}}}"), algorithms[i as usize % 3]);
-            store.check_at(&c, clock.now_us());
+            store.check_at(&c, clock.now_us()).unwrap();
         }
         assert_eq!(store.len(), 300_000);
         // Nothing has expired yet: a sweep keeps every live counter.
         assert_eq!(store.sweep(), 0);
         // One window and a sub-window later every counter is back to empty and goes.
-        clock.advance_us(66_000_001);
+        clock.advance_us(61_000_001);
         let live = check("{d|ip=live}".into(), Algorithm::SlidingWindow);
-        store.check_at(&live, clock.now_us());
+        store.check_at(&live, clock.now_us()).unwrap();
         assert_eq!(store.sweep(), 300_000);
         assert_eq!(store.len(), 1, "only the descriptor still in use remains");
     }
@@ -259,7 +301,7 @@ mod tests {
                 scope.spawn(|| {
                     for _ in 0..100 {
                         let c = check("{d|k=shared}".into(), Algorithm::SlidingWindow);
-                        if store.check_at(&c, 1_763_000_000_000_000).allowed {
+                        if store.check_at(&c, 1_763_000_000_000_000).unwrap().allowed {
                             admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
                     }
@@ -267,5 +309,37 @@ mod tests {
             }
         });
         assert_eq!(admitted.into_inner(), 10);
+    }
+
+    #[test]
+    fn a_full_store_refuses_new_counters_and_keeps_the_live_ones() {
+        let clock = ManualClock::new(1_763_000_000_000_000);
+        let store = MemoryStore::with_max_counters(Arc::new(clock.clone()), SHARDS * 2);
+        // Fill it: keys until one is refused.
+        let mut counted = Vec::new();
+        let refused = (0..10_000u32).find_map(|i| {
+            let c = check(format!("{{d|ip={i}}}"), Algorithm::FixedWindow);
+            match store.check_at(&c, clock.now_us()) {
+                Ok(_) => {
+                    counted.push(c);
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        });
+        let Some(StoreError::Unavailable(why)) = refused else {
+            panic!("a full store refuses a new counter: {refused:?}");
+        };
+        assert!(why.contains("--memory-max-counters"), "{why}");
+        assert!(store.len() <= SHARDS * 2);
+        // The counters held keep counting: none was evicted to make room.
+        for c in &counted {
+            let d = store.check_at(c, clock.now_us()).unwrap();
+            assert_eq!(d.remaining, 8, "{} kept its count", c.key);
+        }
+        // Once they expire, new descriptors are counted again.
+        clock.advance_us(60_000_001);
+        let fresh = check("{d|ip=after}".into(), Algorithm::FixedWindow);
+        assert!(store.check_at(&fresh, clock.now_us()).unwrap().allowed);
     }
 }

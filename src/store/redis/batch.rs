@@ -146,8 +146,10 @@ async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
     let mut keys = Vec::with_capacity(key_count);
     let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
     args.push(jobs.len() as i64);
-    for job in &jobs {
-        keys.extend(job.keys.iter().cloned());
+    // Each job's key count stays for checking the reply; the keys themselves move.
+    let mut jobs: Vec<(usize, Job)> = jobs.into_iter().map(|j| (j.keys.len(), j)).collect();
+    for (_, job) in &mut jobs {
+        keys.append(&mut job.keys);
         args.extend_from_slice(&job.args);
     }
     let budget = deadline.saturating_duration_since(Instant::now());
@@ -156,12 +158,11 @@ async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
     match called {
         Ok(Ok(values)) if values.len() == jobs.len() => {
             live.succeeded();
-            for (job, value) in jobs.into_iter().zip(values) {
+            for ((count, job), value) in jobs.into_iter().zip(values) {
                 let replies = match value {
-                    Value::Array(per_key) if per_key.len() == job.keys.len() => Ok(per_key),
+                    Value::Array(per_key) if per_key.len() == count => Ok(per_key),
                     other => Err(StoreError::Protocol(format!(
-                        "expected {} results for a call, got {other:?}",
-                        job.keys.len()
+                        "expected {count} results for a call, got {other:?}"
                     ))),
                 };
                 let _ = job.reply.send(replies);
@@ -173,15 +174,18 @@ async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
                 values.len(),
                 jobs.len()
             ));
-            fail_all(jobs, error);
+            fail_all(jobs.into_iter().map(|(_, j)| j).collect(), error);
         }
         Ok(Err(e)) => {
             live.failed(&e);
-            fail_all(jobs, classify(&e));
+            fail_all(jobs.into_iter().map(|(_, j)| j).collect(), classify(&e));
         }
         Err(_) => {
             live.timed_out();
-            fail_all(jobs, StoreError::Timeout(budget));
+            fail_all(
+                jobs.into_iter().map(|(_, j)| j).collect(),
+                StoreError::Timeout(budget),
+            );
         }
     }
 }
