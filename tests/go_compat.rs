@@ -59,24 +59,7 @@ fn var(envs: &[(&str, String)], name: &str) -> u16 {
         .unwrap()
 }
 
-async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    let status = raw[9..12].parse().expect("status");
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
+use common::http;
 
 /// Waits past a UTC day boundary if one is under a minute away, so the day's fixed window cannot
 /// turn over in the middle of a test.

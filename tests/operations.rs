@@ -9,43 +9,20 @@ use std::time::{Duration, Instant};
 use common::process::ServeProcess;
 use common::{TestServer, request};
 use portcullis::pb::rate_limit_response::Code;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 
 /// A minimal HTTP/1.1 client: (status, body).
 async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    let status = raw[9..12].parse().expect("status code");
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    common::http(addr.port(), method, path, body).await
 }
 
 fn admin(server: &TestServer) -> SocketAddr {
     server.running.as_ref().unwrap().admin_addr
 }
 
-/// The value of one sample line of the exposition, 0 when absent.
-fn sample(metrics: &str, series: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
-        .map_or(0.0, |v| v.trim().parse().unwrap())
-}
+use common::sample;
 
 const RULES: &str = r#"
 domain: m

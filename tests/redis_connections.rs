@@ -13,7 +13,6 @@ use common::{TestServer, request};
 use portcullis::limiter::FailureMode;
 use portcullis::pb::rate_limit_response::Code;
 use portcullis::settings::{Secret, StoreKind};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -35,19 +34,7 @@ fn counted(port: u16, value: &str) -> bool {
 }
 
 async fn http_get(port: u16, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await.unwrap();
-    let status = raw[9..12].parse().expect("status");
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    common::http(port, "GET", path, "").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

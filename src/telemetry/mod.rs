@@ -322,6 +322,10 @@ pub struct Metrics {
     pub ready: Gauge,
     pub rules_xds_connected: Gauge,
     pub rules_xds_stream_errors: Counter,
+    /// Read when scraped: a task, descriptor or memory leak shows as a line that only climbs.
+    runtime_alive_tasks: Gauge,
+    process_open_fds: Gauge,
+    process_resident_memory_bytes: Gauge,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
     /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
@@ -358,6 +362,9 @@ impl Metrics {
             ready: Gauge::default(),
             rules_xds_connected: Gauge::default(),
             rules_xds_stream_errors: Counter::default(),
+            runtime_alive_tasks: Gauge::default(),
+            process_open_fds: Gauge::default(),
+            process_resident_memory_bytes: Gauge::default(),
             near_limit_ratio,
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
@@ -519,6 +526,27 @@ impl Metrics {
             "xDS rules streams that ended or could not be opened (each is retried with back-off)",
             m.rules_xds_stream_errors.clone(),
         );
+        register(
+            &mut registry,
+            &mut names,
+            "runtime_alive_tasks",
+            "Tokio tasks alive when scraped (calls in progress, connections, background work)",
+            m.runtime_alive_tasks.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "process_open_fds",
+            "File descriptors this process holds when scraped (listeners, connections, files)",
+            m.process_open_fds.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "process_resident_memory_bytes",
+            "Resident memory of this process when scraped (VmRSS)",
+            m.process_resident_memory_bytes.clone(),
+        );
         Metrics {
             registry,
             names,
@@ -550,10 +578,33 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
+        self.sample_process();
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// The gauges read from the runtime and `/proc` rather than kept up to date.
+    fn sample_process(&self) {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let tasks = handle.metrics().num_alive_tasks();
+            self.runtime_alive_tasks
+                .set(i64::try_from(tasks).unwrap_or(i64::MAX));
+        }
+        if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
+            // The directory handle reading the list is one of the entries: not counted.
+            let fds = entries.count().saturating_sub(1);
+            self.process_open_fds
+                .set(i64::try_from(fds).unwrap_or(i64::MAX));
+        }
+        if let Some(kib) = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| resident_kib(&status))
+        {
+            self.process_resident_memory_bytes
+                .set(i64::try_from(kib.saturating_mul(1024)).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn rules_loaded(&self, at: std::time::SystemTime) {
@@ -562,6 +613,15 @@ impl Metrics {
             .map_or(0.0, |d| d.as_secs_f64());
         self.rules_loaded_timestamp.set(secs);
     }
+}
+
+/// `VmRSS:   1234 kB` from `/proc/self/status`.
+fn resident_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
 }
 
 impl Default for Metrics {

@@ -1,6 +1,8 @@
 //! A loopback TCP proxy in front of a server, for faults on the wire that a real server cannot be
-//! asked for: a slow connection set-up (the first bytes of each connection held back), and
-//! connections cut after the server has answered but before the answer reaches the client.
+//! asked for: a slow connection set-up (the first bytes of each connection held back),
+//! connections cut after the server has answered but before the answer reaches the client, added
+//! latency on every answer, and a partition (nothing crosses, connections stay open, what was held
+//! is delivered when it heals, as TCP would).
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -16,6 +18,10 @@ struct Faults {
     setup_delay_ms: AtomicUsize,
     /// The next answer from the server is dropped and the connection reset.
     cut_next_answer: AtomicBool,
+    /// Held back before each answer is passed on.
+    answer_delay_ms: AtomicUsize,
+    /// While set, no byte crosses either way.
+    partitioned: AtomicBool,
     connections: AtomicUsize,
     cut: AtomicUsize,
 }
@@ -64,6 +70,19 @@ impl Proxy {
         self.faults.cut_next_answer.store(true, Ordering::SeqCst);
     }
 
+    /// Every answer from now on waits this long before it is passed on (zero: none).
+    pub fn delay_answers(&self, delay: Duration) {
+        self.faults
+            .answer_delay_ms
+            .store(delay.as_millis() as usize, Ordering::SeqCst);
+    }
+
+    /// While `on`, nothing crosses either way; connections stay open and what waits is delivered
+    /// once it heals.
+    pub fn partition(&self, on: bool) {
+        self.faults.partitioned.store(on, Ordering::SeqCst);
+    }
+
     pub fn connections(&self) -> usize {
         self.faults.connections.load(Ordering::SeqCst)
     }
@@ -79,6 +98,13 @@ impl Drop for Proxy {
     }
 }
 
+/// Waits while the link is partitioned (polled: a test fault, not a hot path; bounded by the test).
+async fn while_partitioned(faults: &Faults) {
+    while faults.partitioned.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 async fn forward(client: TcpStream, server: TcpStream, faults: Arc<Faults>) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
@@ -88,6 +114,7 @@ async fn forward(client: TcpStream, server: TcpStream, faults: Arc<Faults>) {
             match client_read.read(&mut buffer).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    while_partitioned(&faults).await;
                     if server_write.write_all(&buffer[..n]).await.is_err() {
                         break;
                     }
@@ -105,6 +132,11 @@ async fn forward(client: TcpStream, server: TcpStream, faults: Arc<Faults>) {
                         faults.cut.fetch_add(1, Ordering::SeqCst);
                         break;
                     }
+                    let delay = faults.answer_delay_ms.load(Ordering::SeqCst) as u64;
+                    if delay > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
+                    while_partitioned(&faults).await;
                     if client_write.write_all(&buffer[..n]).await.is_err() {
                         break;
                     }

@@ -417,7 +417,12 @@ async fn probe_node<C: redis::aio::ConnectionLike>(
     timeout: Duration,
 ) -> Result<String, StoreError> {
     let work = async {
-        let info: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+        // Cluster clients ask every node and answer a map of node to text: any one will do.
+        let info = match redis::cmd("INFO").arg("server").query_async(conn).await? {
+            Value::Map(nodes) => nodes.into_iter().next().map_or(Value::Nil, |(_, v)| v),
+            one => one,
+        };
+        let info: String = redis::from_redis_value(info)?;
         let version = info
             .lines()
             .find_map(|l| l.strip_prefix("redis_version:"))
@@ -518,7 +523,9 @@ impl RoutedConn for redis::cluster_async::ClusterConnection {
                     port: *port,
                 };
                 let mut replies = self.route_pipeline(pipe, 1, 1, to).await?;
-                replies.pop().unwrap_or(Value::Nil)
+                // A pipeline hands a command's error back as a value: NOSCRIPT on the importing
+                // node must come back as an error, to be answered by EVAL like anywhere else.
+                replies.pop().unwrap_or(Value::Nil).extract_error()?
             }
         };
         redis::from_redis_value(values).map_err(RedisError::from)
