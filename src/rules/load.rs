@@ -58,7 +58,12 @@ pub fn parse_file(
     errors: &mut Vec<RuleError>,
 ) -> Option<Domain> {
     let file = Arc::new(path.to_path_buf());
-    match serde_saphyr::from_str::<yaml::FileYaml>(text) {
+    // The parser recurses per nesting level: its depth is bounded below what a thread's stack
+    // holds (a crafted file must get an error, never overflow the stack).
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = yaml::MAX_YAML_DEPTH;
+    let parse_options = serde_saphyr::options! { budget: Some(budget) };
+    match serde_saphyr::from_str_with_options::<yaml::FileYaml>(text, parse_options) {
         Ok(parsed) => yaml::build(&file, parsed, options.default_algorithm, errors),
         Err(e) => {
             let line = e.location().map_or(1, |l| l.line().max(1));

@@ -716,4 +716,68 @@ descriptors:
         let r = resolve(&s, &[("tenant", "acme"), ("user", "")]);
         assert_eq!(r.metric_name.as_deref(), Some("d.tenant_acme.user_"));
     }
+
+    /// A file whose descriptors nest `depth` levels, a rule at the bottom.
+    fn nested(depth: usize) -> String {
+        let mut yaml = String::from("domain: d\ndescriptors:\n");
+        for level in 0..depth {
+            let pad = "    ".repeat(level);
+            yaml.push_str(&format!("{pad}  - key: k{level}\n"));
+            if level + 1 < depth {
+                yaml.push_str(&format!("{pad}    descriptors:\n"));
+            } else {
+                yaml.push_str(&format!(
+                    "{pad}    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+                ));
+            }
+        }
+        yaml
+    }
+
+    fn load_text(yaml: &str) -> Result<Snapshot, RulesError> {
+        let files = RuleFiles {
+            files: vec![(PathBuf::from("t.yaml"), yaml.as_bytes().to_vec())],
+        };
+        parse(&files, LoadOptions::default())
+    }
+
+    #[test]
+    fn nesting_is_bounded_with_an_error_never_a_stack_overflow() {
+        // On a thread with a small stack (the loader runs on 2 MiB threads): a crafted file
+        // used to overflow it (found by the fuzz corpus).
+        let outcome = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(|| {
+                let deepest =
+                    load_text(&nested(yaml::MAX_NESTING)).expect("the deepest allowed loads");
+                let entries: Vec<(String, String)> = (0..yaml::MAX_NESTING)
+                    .map(|l| (format!("k{l}"), "v".to_owned()))
+                    .collect();
+                let entries: Vec<(&str, &str)> = entries
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                assert!(matches!(deepest.resolve("d", &entries), Lookup::Rule(_)));
+                let one_more = load_text(&nested(yaml::MAX_NESTING + 1))
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    one_more.contains("descriptors nest deeper than 16 levels"),
+                    "{one_more}"
+                );
+                for depth in [40, 200, 5_000] {
+                    let error = load_text(&nested(depth)).unwrap_err().to_string();
+                    assert!(error.contains("t.yaml"), "{error}");
+                }
+                let flow = format!(
+                    "domain: d\ndescriptors: {}{}",
+                    "[".repeat(100_000),
+                    "]".repeat(100_000)
+                );
+                assert!(load_text(&flow).is_err());
+            })
+            .expect("thread")
+            .join();
+        assert!(outcome.is_ok(), "loading deep files panicked");
+    }
 }

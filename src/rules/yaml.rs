@@ -78,7 +78,7 @@ pub(crate) fn build(
     }
     let mut root = Level::default();
     let descriptors = parsed.descriptors.unwrap_or_default();
-    ctx.level(&domain.value, &domain.value, "", descriptors, &mut root);
+    ctx.level(&domain.value, &domain.value, "", descriptors, &mut root, 1);
     Some(Domain::new(
         domain.value,
         Source {
@@ -96,6 +96,16 @@ struct Flags {
     detailed_metric: bool,
     metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
+
+/// The deepest descriptor nesting a rules file may have. Loading, matching and dropping a rule
+/// tree recurse once per level, so the depth must be bounded for the stack's sake; no request
+/// can match deeper than its entries, and real rule sets stay under ten levels.
+pub const MAX_NESTING: usize = 16;
+
+/// YAML nesting the parser accepts: two per descriptor level (a list, a map), the file's own
+/// levels and a rule's inline maps, with room to spare so that our own message, naming the
+/// level, is the one a slightly too deep file gets.
+pub(crate) const MAX_YAML_DEPTH: usize = 2 * MAX_NESTING + 12;
 
 struct Ctx<'a> {
     file: &'a Arc<PathBuf>,
@@ -128,7 +138,18 @@ impl Ctx<'_> {
         path: &str,
         descriptors: Vec<Spanned<DescriptorYaml>>,
         level: &mut Level,
+        depth: usize,
     ) {
+        if depth > MAX_NESTING {
+            if let Some(first) = descriptors.first() {
+                self.error(
+                    first.referenced.line(),
+                    format!("{path}descriptors"),
+                    format!("descriptors nest deeper than {MAX_NESTING} levels"),
+                );
+            }
+            return;
+        }
         // (key, value) -> line of its first definition at this level.
         let mut seen: HashMap<(String, String), u64> = HashMap::new();
         for (index, spanned) in descriptors.into_iter().enumerate() {
@@ -199,6 +220,7 @@ impl Ctx<'_> {
                     &format!("{here}."),
                     children,
                     &mut node.children,
+                    depth + 1,
                 );
             }
             let matchers: &mut KeyMatchers = level.by_key.entry(key).or_default();
