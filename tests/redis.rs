@@ -1050,3 +1050,129 @@ async fn each_call_of_a_batch_is_charged_by_its_own_mode() {
         }
     }
 }
+
+/// The scripts against the model on the edges of every parameter, proptest-driven: limits and
+/// bursts up to Envoy's `u32::MAX`, every unit up to a year, hits of zero, one, the whole
+/// capacity, one past it and `u64::MAX`, refunds, clocks jumping by years or stepping back.
+#[test]
+fn scripts_match_the_model_on_extreme_parameters() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    const UNITS_US: [u64; 7] = [
+        1_000_000,
+        60_000_000,
+        3_600_000_000,
+        86_400_000_000,
+        7 * 86_400_000_000,
+        30 * 86_400_000_000,
+        365 * 86_400_000_000,
+    ];
+    let edge = || {
+        prop_oneof![
+            Just(1u64),
+            Just(2),
+            Just(u64::from(u32::MAX)),
+            Just(u64::from(u32::MAX) - 1),
+            1..=u64::from(u32::MAX),
+            1u64..100,
+        ]
+    };
+    let limit = (0usize..3, edge(), edge(), 0usize..7).prop_map(|(a, requests, burst, unit)| {
+        let algorithm = ALGORITHMS[a];
+        Limit {
+            algorithm,
+            requests,
+            window_us: UNITS_US[unit],
+            burst: if algorithm == Algorithm::TokenBucket {
+                burst
+            } else {
+                requests
+            },
+        }
+    });
+    // (hits choice, raw hits, refund, clock step choice, raw step)
+    let step = (0u8..6, any::<u64>(), any::<bool>(), 0u8..6, any::<u64>());
+    let case = (
+        proptest::collection::vec(limit, 1..4),
+        proptest::collection::vec(step, 1..25),
+        0u8..3,
+    );
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let redis = RedisServer::start();
+    let store = runtime.block_on(connected_store(Topology::Standalone(redis.url()), "edge:"));
+    let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
+    let counter = std::sync::atomic::AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases: 400,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&case, |(limits, steps, mode)| {
+            let id = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mode = [
+                ChargeMode::EachAlone,
+                ChargeMode::AllOrNothing,
+                ChargeMode::Probe,
+            ][usize::from(mode)];
+            let mut now = FUTURE_US;
+            for (n, (hits_kind, raw_hits, refund, step_kind, raw_step)) in steps.iter().enumerate()
+            {
+                let window = limits[0].window_us;
+                match step_kind {
+                    0 => {}
+                    1 => now += raw_step % 1000,
+                    2 => now += raw_step % window,
+                    3 => now += raw_step % (4 * window),
+                    4 => now += raw_step % (3 * 365 * 86_400_000_000),
+                    _ => now -= raw_step % (window / 2 + 1),
+                }
+                let checks: Vec<Check> = limits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, limit)| Check {
+                        key: key::counter_key(
+                            "edge",
+                            [("case", id.to_string().as_str()), ("d", &i.to_string())],
+                            limit,
+                            None,
+                        ),
+                        limit: *limit,
+                        hits: match hits_kind {
+                            0 => 0,
+                            1 => 1,
+                            2 => limit.capacity(),
+                            3 => limit.capacity() + 1,
+                            4 => u64::MAX,
+                            _ => raw_hits % (limit.capacity() + 2),
+                        },
+                        refund: *refund,
+                    })
+                    .collect();
+                let from_redis =
+                    runtime.block_on(decide_in(&store, &checks, ScriptClock::Fixed(now), mode));
+                let from_memory: Vec<_> = memory
+                    .check_all_at(&checks, now, mode)
+                    .into_iter()
+                    .map(|answer| answer.expect("the memory store answers"))
+                    .collect();
+                prop_assert_eq!(
+                    from_redis,
+                    from_memory,
+                    "step {} at {} {:?}: {:?}",
+                    n,
+                    now,
+                    mode,
+                    checks
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}

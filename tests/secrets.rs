@@ -22,7 +22,14 @@ descriptors:
 /// Every admin path a scrape or an operator reaches, and `/json` with a call.
 async fn everything_served(port: u16) -> String {
     let mut all = String::new();
-    for path in ["/healthz", "/readyz", "/rlconfig", "/metrics", "/stats", "/healthcheck"] {
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/rlconfig",
+        "/metrics",
+        "/stats",
+        "/healthcheck",
+    ] {
         let (status, body) = http(port, "GET", path, "").await;
         all.push_str(&format!("{path} {status}\n{body}\n"));
     }
@@ -31,6 +38,9 @@ async fn everything_served(port: u16) -> String {
     all.push_str(&format!("/json {status}\n{body}\n"));
     all
 }
+
+/// What one run is, its arguments and its environment.
+type Run<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, String)>);
 
 async fn one_call(grpc_url: String) {
     let mut client = RateLimitServiceClient::connect(grpc_url)
@@ -69,7 +79,16 @@ async fn passwords_are_in_no_log_and_no_admin_answer() {
     let redis = RedisServer::start();
     cli(
         redis.port,
-        &["ACL", "SETUSER", "limiter", "on", ">Url-Secret-1", ">Flag-Secret-2", "~*", "+@all"],
+        &[
+            "ACL",
+            "SETUSER",
+            "limiter",
+            "on",
+            ">Url-Secret-1",
+            ">Flag-Secret-2",
+            "~*",
+            "+@all",
+        ],
     );
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("s.yaml"), RULES).expect("rules");
@@ -78,8 +97,12 @@ async fn passwords_are_in_no_log_and_no_admin_answer() {
     // 1. In the URL, right; 2. by flag, right; 3. by variable, wrong (refused, said in words).
     let url_with_password = format!("redis://limiter:Url-Secret-1@127.0.0.1:{}", redis.port);
     let plain_url = redis.url();
-    let runs: [(&str, Vec<&str>, Vec<(&str, String)>); 3] = [
-        ("password in the URL", vec!["--redis-url", &url_with_password], vec![]),
+    let runs: [Run; 3] = [
+        (
+            "password in the URL",
+            vec!["--redis-url", &url_with_password],
+            vec![],
+        ),
         (
             "password by flag",
             vec![
@@ -130,7 +153,15 @@ async fn the_go_services_redis_auth_is_in_no_log_and_no_debug_answer() {
     let redis = RedisServer::start();
     cli(
         redis.port,
-        &["ACL", "SETUSER", "limiter", "on", ">Go-Secret-4", "~*", "+@all"],
+        &[
+            "ACL",
+            "SETUSER",
+            "limiter",
+            "on",
+            ">Go-Secret-4",
+            "~*",
+            "+@all",
+        ],
     );
     let root = tempfile::tempdir().expect("temp dir");
     let config = root.path().join("current/ratelimit/config");
@@ -166,7 +197,11 @@ async fn the_go_services_redis_auth_is_in_no_log_and_no_debug_answer() {
     let mut served = everything_served(port("DEBUG_PORT")).await;
     served.push_str(&everything_served(port("PORT")).await);
     assert!(served.contains("/rlconfig 200"), "{served}");
-    assert_secret_free("REDIS_AUTH: debug and health answers", &served, &["Go-Secret-4"]);
+    assert_secret_free(
+        "REDIS_AUTH: debug and health answers",
+        &served,
+        &["Go-Secret-4"],
+    );
     assert_secret_free("REDIS_AUTH: log", &server.log(), &["Go-Secret-4"]);
     assert!(
         cli(redis.port, &["CLIENT", "LIST"]).contains("user=limiter"),
