@@ -149,7 +149,11 @@ async fn soak_with_reloads_and_a_redis_restart() {
                         0 => request("soak", &[&[("user", &user)]]),
                         1 => request(
                             "soak",
-                            &[&[("user", &user)], &[("bucket", &user)], &[("fixed", &user)]],
+                            &[
+                                &[("user", &user)],
+                                &[("bucket", &user)],
+                                &[("fixed", &user)],
+                            ],
                         ),
                         2 => request("soak", &[&[("hot", &hot_value)]]),
                         _ => request("soak", &[&[("bucket", &(next(&mut rng) % 50).to_string())]]),
@@ -242,7 +246,12 @@ async fn soak_with_reloads_and_a_redis_restart() {
         "store errors after recovery"
     );
     // Every rewrite applied, none refused.
-    assert_eq!(end.reloads_failed, 0.0, "a reload failed:\n{}", server.log());
+    assert_eq!(
+        end.reloads_failed,
+        0.0,
+        "a reload failed:\n{}",
+        server.log()
+    );
     assert!(
         end.reloads_ok >= (generation as f64) * 0.5,
         "{} reloads applied of {generation} rewrites",
