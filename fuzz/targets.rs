@@ -23,7 +23,7 @@ use portcullis::telemetry::Metrics;
 use prost::Message;
 
 /// The rules the request targets decide against: every algorithm, nesting, wildcards, shared
-/// wildcards, unlimited, shadow, replaces, quota.
+/// wildcards, unlimited, shadow, replaces, quota, layers.
 pub const RULES: &str = r#"
 domain: fz
 descriptors:
@@ -49,7 +49,15 @@ descriptors:
   - key: q
     quota_mode: true
     rate_limit: {name: other, unit: week, requests_per_unit: 7}
+  - key: l
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 2, algorithm: token_bucket, burst: 4}
+      - {name: rr, unit: hour, requests_per_unit: 9}
+      - {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
 "#;
+
+/// The largest `burst` in `RULES`: the most a status may report remaining above its rate.
+const LARGEST_BURST: u32 = 4;
 
 /// Counters the request targets' store may hold: bounded across millions of inputs.
 const MAX_COUNTERS: usize = 4096;
@@ -123,7 +131,7 @@ impl Bytes<'_> {
     }
 }
 
-const KEYS: &[&str] = &["a", "b", "c", "d", "e", "s", "r", "q", "zz"];
+const KEYS: &[&str] = &["a", "b", "c", "d", "e", "s", "r", "q", "l", "zz"];
 const VALUES: &[&str] = &["", "x", "x1", "xyz", "1", "%7B", "{fz|a=1}", "\u{0}"];
 
 /// A request built field by field from the bytes: the shapes a decoder would seldom reach.
@@ -193,8 +201,9 @@ fn decide(request: &RateLimitRequest, advance_us: u64) {
         );
         for status in &response.statuses {
             if let Some(limit) = &status.current_limit {
+                // A token bucket may hold its burst, above its rate.
                 assert!(
-                    status.limit_remaining <= limit.requests_per_unit,
+                    status.limit_remaining <= limit.requests_per_unit.max(LARGEST_BURST),
                     "remaining {} above the limit {}",
                     status.limit_remaining,
                     limit.requests_per_unit

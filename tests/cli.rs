@@ -437,3 +437,32 @@ descriptors:
         "{out}"
     );
 }
+
+#[test]
+fn explain_and_check_show_every_layer_of_a_layered_rule() {
+    let dir = dir_with(&[(
+        "l.yaml",
+        "domain: l\ndescriptors:\n  - key: user\n    rate_limits:\n      - {name: burst, unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}\n      - {name: hourly, unit: hour, requests_per_unit: 1000}\n",
+    )]);
+    let config = dir.path().to_str().unwrap();
+    let (code, out) = portcullis(&["explain", "--config", config, "--domain", "l", "user=u"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(
+            "rule: l.user: 10 per second, token_bucket, burst 20, name \"burst\" AND 1000 per hour, sliding_window, name \"hourly\""
+        ),
+        "{out}"
+    );
+    let (code, out) = portcullis(&["check", config]);
+    assert_eq!(code, 0, "{out}");
+    let broken = dir_with(&[(
+        "l.yaml",
+        "domain: l\ndescriptors:\n  - key: user\n    rate_limits:\n      - {unit: hour, requests_per_unit: 5}\n      - {unit: hour, requests_per_unit: 5, burst: 3}\n",
+    )]);
+    let (code, out) = portcullis(&["check", broken.path().to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(
+        out.contains("descriptors[0].rate_limits[1].burst: only applies to algorithm token_bucket"),
+        "{out}"
+    );
+}

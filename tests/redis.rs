@@ -1108,9 +1108,12 @@ fn scripts_match_the_model_on_extreme_parameters() {
     let store = runtime.block_on(connected_store(Topology::Standalone(redis.url()), "edge:"));
     let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
     let counter = std::sync::atomic::AtomicU64::new(0);
+    // A fixed seed: the same 400 cases every run, so CI never turns red by the draw (the fuzz
+    // runs explore; a new seed here is a deliberate change).
     let mut runner = TestRunner::new(Config {
         cases: 400,
         failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5EED_0009),
         ..Config::default()
     });
     runner
@@ -1122,6 +1125,7 @@ fn scripts_match_the_model_on_extreme_parameters() {
                 ChargeMode::Probe,
             ][usize::from(mode)];
             let mut now = FUTURE_US;
+            const { assert!(FUTURE_US + 24 * 182 * 86_400_000_000 < 1 << 52) };
             for (n, (hits_kind, raw_hits, refund, step_kind, raw_step)) in steps.iter().enumerate()
             {
                 let window = limits[0].window_us;
@@ -1130,7 +1134,10 @@ fn scripts_match_the_model_on_extreme_parameters() {
                     1 => now += raw_step % 1000,
                     2 => now += raw_step % window,
                     3 => now += raw_step % (4 * window),
-                    4 => now += raw_step % (3 * 365 * 86_400_000_000),
+                    // Half a year at most: 24 steps keep the clock below 2^52 us (the year
+                    // 2112), where TAT plus the longest clamped span (2^52) is still exact in
+                    // Lua's doubles; past it they are not, which no Redis TIME reaches for decades.
+                    4 => now += raw_step % (182 * 86_400_000_000),
                     _ => now -= raw_step % (window / 2 + 1),
                 }
                 let checks: Vec<Check> = limits

@@ -120,6 +120,45 @@ pub struct Rule {
     /// The descriptor's `metadata`, handed back in the response's dynamic metadata.
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     pub source: Option<Source>,
+    /// The limits of a layered rule (`rate_limits:`), every one of which must admit a hit; empty
+    /// for a rule of one limit (`rate_limit:`). When set, `limit`, `requests_per_unit` and `unit`
+    /// are the first layer's and `name` is `None` (the layers carry the names).
+    pub layers: Vec<Layer>,
+}
+
+/// One limit of a layered rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer {
+    pub name: Option<String>,
+    pub limit: Limit,
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+impl Layer {
+    /// `10 per second, token_bucket, burst 20, name "burst"`.
+    pub fn describe(&self) -> String {
+        let mut text = format!(
+            "{} per {}, {}",
+            self.requests_per_unit, self.unit, self.limit.algorithm
+        );
+        if self.limit.algorithm == Algorithm::TokenBucket {
+            text.push_str(&format!(", burst {}", self.limit.burst));
+        }
+        if let Some(name) = &self.name {
+            text.push_str(&format!(", name {name:?}"));
+        }
+        text
+    }
+
+    /// What the per-limit metrics call this layer of `full_key`: `full_key/name`, or
+    /// `full_key/<index>` for a layer without a name.
+    pub fn metric_name(&self, full_key: &str, index: usize) -> String {
+        match &self.name {
+            Some(name) => format!("{full_key}/{name}"),
+            None => format!("{full_key}/{index}"),
+        }
+    }
 }
 
 impl Rule {
@@ -127,8 +166,27 @@ impl Rule {
         self.limit.is_none()
     }
 
+    /// The names `replaces` can refer to: the rule's own, or each of its layers'.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.name
+            .as_deref()
+            .into_iter()
+            .chain(self.layers.iter().filter_map(|l| l.name.as_deref()))
+    }
+
     /// One line for listings (`/rlconfig`, `explain`).
     pub fn describe(&self) -> String {
+        if !self.layers.is_empty() {
+            let layers: Vec<String> = self.layers.iter().map(Layer::describe).collect();
+            let mut text = format!("{}: {}", self.full_key, layers.join(" AND "));
+            if self.shadow_mode {
+                text.push_str(", shadow_mode");
+            }
+            if self.quota_mode {
+                text.push_str(", quota_mode");
+            }
+            return text;
+        }
         match (&self.limit, self.unit) {
             (Some(limit), Some(unit)) => {
                 let mut text = format!(
@@ -564,7 +622,7 @@ impl Snapshot {
             for replaced in &rule.replaces {
                 let enforced = rules.iter().find(|r| {
                     r.domain == rule.domain
-                        && r.name.as_deref() == Some(replaced)
+                        && r.names().any(|n| n == replaced)
                         && !r.shadow_mode
                         && !r.is_unlimited()
                 });
@@ -779,5 +837,60 @@ descriptors:
             .expect("thread")
             .join();
         assert!(outcome.is_ok(), "loading deep files panicked");
+    }
+
+    #[test]
+    fn layered_rules_are_validated_layer_by_layer() {
+        let error = |yaml: &str| load_text(yaml).unwrap_err().to_string();
+        let both = error(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits:\n      - {unit: hour, requests_per_unit: 5}\n",
+        );
+        assert!(both.contains("descriptors[0].rate_limits: set rate_limit (one limit) or rate_limits (layers), not both"), "{both}");
+        let empty = error("domain: d\ndescriptors:\n  - key: k\n    rate_limits: []\n");
+        assert!(empty.contains("must list at least one limit"), "{empty}");
+        let unlimited = error(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unlimited: true}\n",
+        );
+        assert!(
+            unlimited.contains("rate_limits[0].unlimited: a layer cannot be unlimited"),
+            "{unlimited}"
+        );
+        let bad_unit = error(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: hour, requests_per_unit: 5}\n      - {unit: fortnight, requests_per_unit: 5}\n",
+        );
+        assert!(
+            bad_unit.contains("descriptors[0].rate_limits[1].unit"),
+            "{bad_unit}"
+        );
+        let twice = error(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: a, unit: hour, requests_per_unit: 5}\n      - {name: a, unit: day, requests_per_unit: 50}\n",
+        );
+        assert!(
+            twice.contains("\"a\" names another layer of this rule already"),
+            "{twice}"
+        );
+        let itself = error(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: a, unit: hour, requests_per_unit: 5}\n      - {name: b, unit: day, requests_per_unit: 50, replaces: [{name: a}]}\n",
+        );
+        assert!(itself.contains("a rule cannot replace itself"), "{itself}");
+        let mut many = String::from("domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n");
+        for n in 0..=yaml::MAX_LAYERS {
+            many.push_str(&format!(
+                "      - {{unit: hour, requests_per_unit: {}}}\n",
+                n + 1
+            ));
+        }
+        assert!(error(&many).contains("more than the 8 allowed"));
+
+        let s = snapshot(
+            "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: true\n    rate_limits:\n      - {name: burst, unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}\n      - {unit: hour, requests_per_unit: 1000}\n",
+        );
+        let r = resolve(&s, &[("k", "v")]);
+        assert_eq!(r.rule.layers.len(), 2);
+        assert_eq!(
+            r.rule.describe(),
+            "d.k: 10 per second, token_bucket, burst 20, name \"burst\" AND 1000 per hour, sliding_window, shadow_mode"
+        );
+        assert_eq!(r.rule.names().collect::<Vec<_>>(), vec!["burst"]);
     }
 }

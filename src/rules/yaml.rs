@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::load::RuleError;
-use super::{Domain, KeyMatchers, Level, Node, Rule, Source, Unit};
+use super::{Domain, KeyMatchers, Layer, Level, Node, Rule, Source, Unit};
 use crate::algorithm::{Algorithm, Limit};
 
 #[derive(Debug, Deserialize)]
@@ -28,6 +28,8 @@ struct DescriptorYaml {
     key: Option<Spanned<String>>,
     value: Option<Spanned<String>>,
     rate_limit: Option<Spanned<RateLimitYaml>>,
+    /// Layered limits: every one must admit a hit (Portcullis' own field).
+    rate_limits: Option<Vec<Spanned<RateLimitYaml>>>,
     descriptors: Option<Vec<Spanned<DescriptorYaml>>>,
     shadow_mode: Option<bool>,
     quota_mode: Option<bool>,
@@ -89,7 +91,11 @@ pub(crate) fn build(
     ))
 }
 
+/// The most limits one layered rule may list: each is a counter read and written per hit.
+pub const MAX_LAYERS: usize = 8;
+
 /// The descriptor-level settings a rule carries.
+#[derive(Clone)]
 struct Flags {
     shadow_mode: bool,
     quota_mode: bool,
@@ -203,9 +209,21 @@ impl Ctx<'_> {
                 detailed_metric: d.detailed_metric.unwrap_or(false),
                 metadata: d.metadata.filter(|m| !m.is_empty()).map(Arc::new),
             };
-            let rule = d
-                .rate_limit
-                .and_then(|rl| self.rule(domain, &full_key, &here, rl, flags));
+            let rule = match (d.rate_limit, d.rate_limits) {
+                (Some(_), Some(_)) => {
+                    self.error(
+                        line,
+                        format!("{here}.rate_limits"),
+                        "set rate_limit (one limit) or rate_limits (layers), not both",
+                    );
+                    None
+                }
+                (Some(rl), None) => {
+                    self.rule(domain, &full_key, &format!("{here}.rate_limit"), rl, flags)
+                }
+                (None, Some(list)) => self.layered(domain, &full_key, &here, line, list, flags),
+                (None, None) => None,
+            };
             let mut node = Node {
                 rule: rule.map(Arc::new),
                 children: Level::default(),
@@ -234,16 +252,113 @@ impl Ctx<'_> {
         }
     }
 
-    fn rule(
+    /// A layered rule (`rate_limits:`): each layer validated like a `rate_limit`, none unlimited,
+    /// names distinct.
+    fn layered(
         &mut self,
         domain: &str,
         full_key: &str,
         here: &str,
+        line: u64,
+        list: Vec<Spanned<RateLimitYaml>>,
+        flags: Flags,
+    ) -> Option<Rule> {
+        let field = format!("{here}.rate_limits");
+        if list.is_empty() {
+            self.error(line, field, "must list at least one limit");
+            return None;
+        }
+        if list.len() > MAX_LAYERS {
+            self.error(
+                line,
+                field,
+                format!(
+                    "lists {} limits, more than the {MAX_LAYERS} allowed",
+                    list.len()
+                ),
+            );
+            return None;
+        }
+        let errors_before = self.errors.len();
+        let mut layers: Vec<Layer> = Vec::new();
+        let mut replaces: Vec<String> = Vec::new();
+        for (i, spanned) in list.into_iter().enumerate() {
+            let at = format!("{field}[{i}]");
+            let layer_line = spanned.referenced.line();
+            if let Some(u) = spanned.value.unlimited.as_ref().filter(|u| u.value) {
+                self.error(
+                    u.referenced.line(),
+                    format!("{at}.unlimited"),
+                    "a layer cannot be unlimited (leave the descriptor without limits instead)",
+                );
+                continue;
+            }
+            let Some(rule) = self.rule(domain, full_key, &at, spanned, flags.clone()) else {
+                continue;
+            };
+            let (Some(limit), Some(unit)) = (rule.limit, rule.unit) else {
+                continue;
+            };
+            if let Some(name) = &rule.name
+                && layers.iter().any(|l| l.name.as_ref() == Some(name))
+            {
+                self.error(
+                    layer_line,
+                    format!("{at}.name"),
+                    format!("{name:?} names another layer of this rule already"),
+                );
+                continue;
+            }
+            replaces.extend(rule.replaces);
+            layers.push(Layer {
+                name: rule.name,
+                limit,
+                requests_per_unit: rule.requests_per_unit,
+                unit,
+            });
+        }
+        for target in &replaces {
+            if layers.iter().any(|l| l.name.as_ref() == Some(target)) {
+                self.error(
+                    line,
+                    format!("{field}.replaces"),
+                    format!("{target:?} is a layer of this rule: a rule cannot replace itself"),
+                );
+            }
+        }
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        let first = layers[0].clone();
+        Some(Rule {
+            full_key: full_key.to_owned(),
+            domain: domain.to_owned(),
+            limit: Some(first.limit),
+            requests_per_unit: first.requests_per_unit,
+            unit: Some(first.unit),
+            name: None,
+            replaces,
+            shadow_mode: flags.shadow_mode,
+            quota_mode: flags.quota_mode,
+            detailed_metric: flags.detailed_metric,
+            metadata: flags.metadata,
+            source: Some(self.source(line)),
+            layers,
+        })
+    }
+
+    /// One limit: `at` is where it is written (`descriptors[0].rate_limit`, or a layer's
+    /// `descriptors[0].rate_limits[1]`), for the errors.
+    fn rule(
+        &mut self,
+        domain: &str,
+        full_key: &str,
+        at: &str,
         spanned: Spanned<RateLimitYaml>,
         flags: Flags,
     ) -> Option<Rule> {
         let line = spanned.referenced.line();
-        let field = |name: &str| format!("{here}.rate_limit.{name}");
+        let field = |name: &str| format!("{at}.{name}");
         let rl = spanned.value;
         let errors_before = self.errors.len();
         let unlimited = rl.unlimited.as_ref().is_some_and(|u| u.value);
@@ -386,6 +501,7 @@ impl Ctx<'_> {
             detailed_metric: flags.detailed_metric,
             metadata: flags.metadata,
             source: Some(self.source(line)),
+            layers: Vec::new(),
         })
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tonic::Status;
 
-use super::response::{self, HeaderNames, HeadersMode, Planned};
+use super::response::{self, HeaderNames, HeadersMode, LayerPlan, Planned};
 use crate::algorithm::{Algorithm, ChargeMode, Check, Decision, Limit, key};
 use crate::limiter::Limiter;
 use crate::pb::{
@@ -116,29 +116,80 @@ impl Decider {
             .collect();
         apply_replaces(&mut planned);
 
-        let checks: Vec<Check> = planned.iter().filter_map(|p| p.check.clone()).collect();
-        let decisions = self
-            .limiter
-            .check(&checks, self.config.charge)
-            .await
-            .map_err(|e| Status::unavailable(format!("rate-limit store: {e}")))?;
-        if decisions.len() != checks.len() {
-            return Err(Status::internal(format!(
-                "store answered {} decisions for {} checks",
-                decisions.len(),
-                checks.len()
-            )));
-        }
-        let mut decisions = decisions.into_iter();
-        for p in planned.iter_mut().filter(|p| p.check.is_some()) {
-            p.decision = decisions.next();
-        }
+        self.limit(&mut planned).await?;
         self.count(&request.domain, &planned);
         Ok(response::build(request, &planned, &self.config))
     }
 
+    /// Asks the limiter for every check of the call and records the decisions in `planned`.
+    ///
+    /// The limits of one layered descriptor are charged all or nothing (a hit refused by one
+    /// layer is charged to none), each layered descriptor on its own, beside the call's other
+    /// checks; with `--stop-charging-when-over` everything is one all-or-nothing group anyway.
+    /// The groups go to the limiter together (on Redis they share a script call).
+    async fn limit(&self, planned: &mut [Planned]) -> Result<(), Status> {
+        let whole_call = self.config.charge == ChargeMode::AllOrNothing;
+        let mut groups: Vec<(Vec<Check>, ChargeMode)> = vec![(Vec::new(), self.config.charge)];
+        for p in planned.iter() {
+            if let Some(check) = &p.check {
+                groups[0].0.push(check.clone());
+            }
+            if p.layers.is_empty() {
+                continue;
+            }
+            let layers = p.layers.iter().map(|l| l.check.clone());
+            if whole_call {
+                groups[0].0.extend(layers);
+            } else {
+                groups.push((layers.collect(), ChargeMode::AllOrNothing));
+            }
+        }
+        let answers = futures_util::future::join_all(
+            groups
+                .iter()
+                .map(|(checks, mode)| self.limiter.check(checks, *mode)),
+        )
+        .await;
+        let mut decided = Vec::with_capacity(groups.len());
+        for ((checks, _), answer) in groups.iter().zip(answers) {
+            let decisions =
+                answer.map_err(|e| Status::unavailable(format!("rate-limit store: {e}")))?;
+            if decisions.len() != checks.len() {
+                return Err(Status::internal(format!(
+                    "store answered {} decisions for {} checks",
+                    decisions.len(),
+                    checks.len()
+                )));
+            }
+            decided.push(decisions.into_iter());
+        }
+        // Handed back in the order the groups were filled.
+        let mut next_group = 1;
+        for p in planned.iter_mut() {
+            if p.check.is_some() {
+                p.decision = decided[0].next();
+            }
+            if p.layers.is_empty() {
+                continue;
+            }
+            let group = if whole_call {
+                0
+            } else {
+                next_group += 1;
+                next_group - 1
+            };
+            for layer in p.layers.iter_mut() {
+                layer.decision = decided[group].next();
+            }
+            p.bind_layers();
+        }
+        Ok(())
+    }
+
     /// Per-rule metrics, as envoyproxy/ratelimit counts them: in hits, not calls, limited rules
-    /// only. Refunds are counted apart: they are not hits.
+    /// only. Refunds are counted apart: they are not hits. A layered rule is counted per layer
+    /// (`rule/layer name`): hits on every layer; an admitted hit within (and near) every layer's
+    /// limit; a refused one over the limit of each layer that refused it.
     fn count(&self, domain: &str, planned: &[Planned]) {
         if planned.iter().any(|p| p.unknown_domain) {
             self.metrics.unknown_domain.inc();
@@ -164,6 +215,10 @@ impl Decider {
             };
             // Counters are u64; a pathological hits_addend must not wrap them.
             let hits = p.hits.min(u64::from(u32::MAX));
+            if !p.layers.is_empty() {
+                self.count_layers(&labels, rule, p, hits);
+                continue;
+            }
             if p.refund {
                 self.metrics
                     .rule_refunded
@@ -186,6 +241,51 @@ impl Decider {
                         .inc_by(near);
                 }
             } else {
+                self.metrics
+                    .rule_over_limit
+                    .get_or_create(&labels)
+                    .inc_by(hits);
+                if rule.shadow_mode {
+                    self.metrics
+                        .rule_shadow_mode
+                        .get_or_create(&labels)
+                        .inc_by(hits);
+                }
+            }
+        }
+    }
+
+    fn count_layers(&self, labels: &RuleLabels, rule: &Rule, p: &Planned, hits: u64) {
+        let admitted = p.decision.is_some_and(|d| d.allowed);
+        for (i, layer) in p.layers.iter().enumerate() {
+            let labels = RuleLabels {
+                domain: labels.domain.clone(),
+                rule: layer.layer.metric_name(&labels.rule, i),
+            };
+            if p.refund {
+                self.metrics
+                    .rule_refunded
+                    .get_or_create(&labels)
+                    .inc_by(hits);
+                continue;
+            }
+            self.metrics.rule_hits.get_or_create(&labels).inc_by(hits);
+            let Some(decision) = layer.decision else {
+                continue;
+            };
+            if admitted {
+                self.metrics
+                    .rule_within_limit
+                    .get_or_create(&labels)
+                    .inc_by(hits);
+                let near = self.near_limit_hits(&decision, hits);
+                if near > 0 {
+                    self.metrics
+                        .rule_near_limit
+                        .get_or_create(&labels)
+                        .inc_by(near);
+                }
+            } else if !decision.allowed {
                 self.metrics
                     .rule_over_limit
                     .get_or_create(&labels)
@@ -337,6 +437,7 @@ fn plan(
                     detailed_metric: false,
                     metadata: None,
                     source: None,
+                    layers: Vec::new(),
                 })
             });
             (rule, Vec::new(), None)
@@ -348,24 +449,51 @@ fn plan(
         ),
         (Lookup::NoRule, None) => (None, Vec::new(), None),
     };
-    let check = rule.as_ref().and_then(|rule| {
-        rule.limit.map(|limit| Check {
-            key: key::counter_key_parts(
-                domain,
-                d.entries.iter().enumerate().map(|(i, e)| {
-                    match shared.iter().find(|(at, _)| *at == i) {
-                        Some((_, pattern)) => (e.key.as_str(), *pattern, true),
-                        None => (e.key.as_str(), e.value.as_str(), false),
-                    }
-                }),
-                &limit,
-                d.limit.as_ref().map(|o| u64::from(o.requests_per_unit)),
-            ),
+    let key_of = |limit: &Limit| {
+        key::counter_key_parts(
+            domain,
+            d.entries.iter().enumerate().map(|(i, e)| {
+                match shared.iter().find(|(at, _)| *at == i) {
+                    Some((_, pattern)) => (e.key.as_str(), *pattern, true),
+                    None => (e.key.as_str(), e.value.as_str(), false),
+                }
+            }),
             limit,
-            hits,
-            refund: d.is_negative_hits,
-        })
-    });
+            d.limit.as_ref().map(|o| u64::from(o.requests_per_unit)),
+        )
+    };
+    let check_of = |key: String, limit: Limit| Check {
+        key,
+        limit,
+        hits,
+        refund: d.is_negative_hits,
+    };
+    let mut layers = Vec::new();
+    let check = match rule.as_ref() {
+        Some(rule) if !rule.layers.is_empty() => {
+            for (i, layer) in rule.layers.iter().enumerate() {
+                let mut key = key_of(&layer.limit);
+                // Layers keep the key a rule of that one limit would have (a rule turned into
+                // layers keeps its counter), unless an earlier layer has the same algorithm and
+                // window: then the index tells them apart.
+                let same_kind = |l: &crate::rules::Layer| {
+                    l.limit.algorithm == layer.limit.algorithm
+                        && l.limit.window_us == layer.limit.window_us
+                };
+                if rule.layers[..i].iter().any(same_kind) {
+                    key.push_str(&format!(":l{i}"));
+                }
+                layers.push(LayerPlan {
+                    layer: layer.clone(),
+                    check: check_of(key, layer.limit),
+                    decision: None,
+                });
+            }
+            None
+        }
+        Some(rule) => rule.limit.map(|limit| check_of(key_of(&limit), limit)),
+        None => None,
+    };
     Planned {
         rule,
         check,
@@ -374,6 +502,8 @@ fn plan(
         metric_name,
         decision: None,
         unknown_domain,
+        layers,
+        binding: 0,
     }
 }
 
@@ -407,6 +537,14 @@ fn apply_replaces(planned: &mut [Planned]) {
         if is_replaced {
             p.rule = None;
             p.check = None;
+        }
+        // A layer is replaced by its own name; the others still apply.
+        if !p.layers.is_empty() {
+            p.layers
+                .retain(|l| !l.layer.name.as_ref().is_some_and(|n| replaced.contains(n)));
+            if p.layers.is_empty() {
+                p.rule = None;
+            }
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::decider::ServiceConfig;
 use crate::algorithm::{Check, Decision};
 use crate::pb::{HeaderValue, RateLimitRequest, RateLimitResponse, rate_limit_response};
-use crate::rules::{Rule, Unit};
+use crate::rules::{Layer, Rule, Unit};
 
 use rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
 
@@ -48,6 +48,57 @@ pub struct Planned {
     pub metric_name: Option<String>,
     pub decision: Option<Decision>,
     pub unknown_domain: bool,
+    /// A layered rule's limits, each with its check and decision (`check` is then `None`, and
+    /// `decision` is the binding layer's once decided).
+    pub layers: Vec<LayerPlan>,
+    /// The layer that binds: the refusing one with the longest wait, else the one with the
+    /// least remaining.
+    pub binding: usize,
+}
+
+/// One limit of a layered descriptor, from check to decision.
+#[derive(Debug)]
+pub struct LayerPlan {
+    pub layer: Layer,
+    pub check: Check,
+    pub decision: Option<Decision>,
+}
+
+impl Planned {
+    /// Records the layers' decisions and picks the binding one: a refusal binds (the longest
+    /// wait among refusals, so a client that waits is never early), else the least remaining
+    /// (the first of equals).
+    pub fn bind_layers(&mut self) {
+        let decided = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.decision.map(|d| (i, d)));
+        let wait = |d: &Decision| d.retry_after.unwrap_or(d.reset_after);
+        let refusing = decided
+            .clone()
+            .filter(|(_, d)| !d.allowed)
+            .max_by(|(i, a), (j, b)| wait(a).cmp(&wait(b)).then(j.cmp(i)));
+        let binding = refusing.or_else(|| {
+            decided.min_by(|(i, a), (j, b)| a.remaining.cmp(&b.remaining).then(i.cmp(j)))
+        });
+        if let Some((i, decision)) = binding {
+            self.binding = i;
+            self.decision = Some(decision);
+        }
+    }
+
+    /// The limit the status reports: (name, requests per unit, unit) of the binding layer, or
+    /// of the rule.
+    fn shown_limit(&self) -> Option<(Option<&str>, u32, Option<Unit>)> {
+        if let Some(layer) = self.layers.get(self.binding) {
+            let l = &layer.layer;
+            return Some((l.name.as_deref(), l.requests_per_unit, Some(l.unit)));
+        }
+        self.rule
+            .as_ref()
+            .map(|r| (r.name.as_deref(), r.requests_per_unit, r.unit))
+    }
 }
 
 fn pb_unit(unit: Unit) -> PbUnit {
@@ -70,7 +121,7 @@ fn ceil_seconds(d: Duration) -> i64 {
 
 fn status(p: &Planned) -> DescriptorStatus {
     let ok = Code::Ok as i32;
-    let Some(rule) = &p.rule else {
+    let (Some(rule), Some((name, requests_per_unit, unit))) = (&p.rule, p.shown_limit()) else {
         return DescriptorStatus {
             code: ok,
             ..Default::default()
@@ -97,9 +148,9 @@ fn status(p: &Planned) -> DescriptorStatus {
     DescriptorStatus {
         code: code as i32,
         current_limit: Some(RateLimit {
-            name: rule.name.clone().unwrap_or_default(),
-            requests_per_unit: rule.requests_per_unit,
-            unit: rule.unit.map_or(PbUnit::Unknown, pb_unit) as i32,
+            name: name.unwrap_or_default().to_owned(),
+            requests_per_unit,
+            unit: unit.map_or(PbUnit::Unknown, pb_unit) as i32,
         }),
         limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(prost_types::Duration {
@@ -203,19 +254,30 @@ fn headers(
     else {
         return Vec::new();
     };
+    let policy = |requests: u32, unit: Option<Unit>, name: &str| {
+        let mut policy = format!("{requests};w={}", unit.map_or(0, Unit::seconds));
+        if !name.is_empty() {
+            policy.push_str(&format!(";name=\"{name}\""));
+        }
+        policy
+    };
+    // Every limit that applied; each layer of a layered descriptor is a policy of its own.
     let policies: Vec<String> = limited
         .iter()
-        .map(|(p, _, l)| {
-            let window = p
-                .rule
-                .as_ref()
-                .and_then(|r| r.unit)
-                .map_or(0, Unit::seconds);
-            let mut policy = format!("{};w={window}", l.requests_per_unit);
-            if !l.name.is_empty() {
-                policy.push_str(&format!(";name=\"{}\"", l.name));
+        .flat_map(|(p, _, l)| {
+            if p.layers.is_empty() {
+                let unit = p.rule.as_ref().and_then(|r| r.unit);
+                vec![policy(l.requests_per_unit, unit, &l.name)]
+            } else {
+                p.layers
+                    .iter()
+                    .map(|lp| {
+                        let layer = &lp.layer;
+                        let name = layer.name.as_deref().unwrap_or_default();
+                        policy(layer.requests_per_unit, Some(layer.unit), name)
+                    })
+                    .collect()
             }
-            policy
         })
         .collect();
     let reset = source.duration_until_reset.map_or(0, |d| d.seconds);

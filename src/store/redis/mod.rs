@@ -164,8 +164,9 @@ impl RedisStore {
     /// Runs the checks with the script reading `clock`. Production calls this with
     /// `ScriptClock::RedisTime` only (through `Store::check`); a fixed clock is for tests.
     ///
-    /// All or nothing is one script on standalone and Sentinel. On Cluster the keys of one call
-    /// live in different slots, so it is two steps: every charge is first looked at (nothing
+    /// All or nothing is one script on standalone and Sentinel, and on Cluster when every key
+    /// shares one hash tag (a layered descriptor's limits). Otherwise, on Cluster, the keys of one
+    /// call live in different slots, so it is two steps: every charge is first looked at (nothing
     /// written); only if all would pass are they charged, each in its own script. What that
     /// guarantees: a call refused by a descriptor at the first step charges nothing; a call that
     /// races another between the two steps may have some of its descriptors charged although
@@ -227,7 +228,7 @@ impl RedisStore {
             async move {
                 let called = tokio::time::timeout_at(
                     deadline,
-                    self.eval_cluster(&mut conn, check, clock, mode),
+                    self.eval_cluster(&mut conn, &[check], clock, mode),
                 )
                 .await;
                 match called {
@@ -242,7 +243,9 @@ impl RedisStore {
         join_all(calls).await
     }
 
-    /// Cluster, all or nothing: look at every charge, then charge only if all would pass.
+    /// Cluster, all or nothing: one script call, atomic, when every key shares a hash tag (the
+    /// limits of one layered descriptor); else look at every charge, then charge only if all
+    /// would pass.
     async fn all_or_nothing_cluster(
         &self,
         cluster: &redis::cluster_async::ClusterConnection,
@@ -251,6 +254,34 @@ impl RedisStore {
         deadline: Instant,
         budget: Duration,
     ) -> Vec<Result<Value, StoreError>> {
+        if let Some((first, rest)) = checks.split_first()
+            && !rest.is_empty()
+            && rest
+                .iter()
+                .all(|c| hash_tag(&c.key).is_some() && hash_tag(&c.key) == hash_tag(&first.key))
+        {
+            let mut conn = cluster.clone();
+            let called = tokio::time::timeout_at(
+                deadline,
+                self.eval_cluster(&mut conn, checks, clock, ChargeMode::AllOrNothing),
+            )
+            .await;
+            return match called {
+                Ok(Ok(values)) if values.len() == checks.len() => {
+                    values.into_iter().map(Ok).collect()
+                }
+                Ok(Ok(values)) => vec![
+                    Err(StoreError::Protocol(format!(
+                        "script answered {} results for {} keys",
+                        values.len(),
+                        checks.len()
+                    )));
+                    checks.len()
+                ],
+                Ok(Err(e)) => vec![Err(classify(&e)); checks.len()],
+                Err(_) => vec![Err(StoreError::Timeout(budget)); checks.len()],
+            };
+        }
         let looked = self
             .each_on_cluster(cluster, checks, clock, deadline, budget, ChargeMode::Probe)
             .await;
@@ -316,15 +347,16 @@ impl RedisStore {
         }
     }
 
-    /// Cluster: one check, re-sent only where the script cannot have run.
+    /// Cluster: one script call for checks whose keys share a slot, re-sent only where the
+    /// script cannot have run.
     async fn eval_cluster(
         &self,
         conn: &mut redis::cluster_async::ClusterConnection,
-        check: &Check,
+        checks: &[&Check],
         clock: ScriptClock,
         mode: ChargeMode,
     ) -> Result<Vec<Value>, RedisError> {
-        let (keys, call) = self.encode(&[check], clock, mode);
+        let (keys, call) = self.encode(checks, clock, mode);
         // One call in the script call.
         let mut args = Vec::with_capacity(1 + call.len());
         args.push(1);
@@ -452,6 +484,13 @@ async fn probe_node<C: redis::aio::ConnectionLike>(
         )));
     }
     Ok(format!("Redis {version}, decision script loaded"))
+}
+
+/// The `{…}` of a counter key: the part Redis Cluster hashes to a slot.
+fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = open + key[open..].find('}')?;
+    (close > open + 1).then(|| &key[open..=close])
 }
 
 /// EVALSHA, and EVAL on NOSCRIPT (a restarted or promoted node has an empty script cache; EVAL

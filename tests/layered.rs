@@ -1,0 +1,274 @@
+//! Layered limits (`rate_limits:`): several limits on one descriptor, a hit admitted only when
+//! every one admits it and then charged to all of them, a refusal charged to none, all in one
+//! atomic step. On the memory store with a manual clock (exact scenarios), and on standalone Redis
+//! and Cluster (300 concurrent calls admit exactly the tightest limit).
+
+mod common;
+
+use std::time::Duration;
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{TestServer, request};
+use portcullis::pb::RateLimitResponse;
+use portcullis::pb::rate_limit_response::Code;
+use portcullis::pb::rate_limit_response::rate_limit::Unit as PbUnit;
+use portcullis::service::HeadersMode;
+use portcullis::settings::{Settings, StoreKind};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: client
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+      - {name: hourly, unit: hour, requests_per_unit: 1000}
+      - {name: daily, unit: day, requests_per_unit: 50000, algorithm: fixed_window}
+  - key: tight
+    rate_limits:
+      - {name: bucket, unit: second, requests_per_unit: 5, algorithm: token_bucket}
+      - {name: fixed, unit: hour, requests_per_unit: 7, algorithm: fixed_window}
+  - key: trio
+    rate_limits:
+      - {unit: hour, requests_per_unit: 100}
+      - {name: tightest, unit: hour, requests_per_unit: 60, algorithm: fixed_window}
+      - {unit: minute, requests_per_unit: 1000, algorithm: token_bucket, burst: 80}
+  - key: partner
+    rate_limit: {unit: hour, requests_per_unit: 5000, replaces: [{name: hourly}]}
+"#;
+
+/// (code, limit name, requests per unit, unit, remaining) of the call's first status.
+fn first(r: &RateLimitResponse) -> (i32, String, u32, i32, u32) {
+    let s = &r.statuses[0];
+    let limit = s.current_limit.as_ref().expect("a limit");
+    (
+        s.code,
+        limit.name.clone(),
+        limit.requests_per_unit,
+        limit.unit,
+        s.limit_remaining,
+    )
+}
+
+fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key == name)
+        .map(|h| h.value.as_str())
+}
+
+#[tokio::test]
+async fn a_burst_then_the_rate_then_the_hour_each_binds_in_turn() {
+    let server = TestServer::start_with(&[("api.yaml", RULES)], |s| {
+        s.response_headers = HeadersMode::Draft03
+    })
+    .await;
+    let call = || server.ok(request("api", &[&[("client", "c1")]]));
+    // The burst: 20 at once, the 21st refused by the bucket, whose name the status carries.
+    for n in 0..20 {
+        assert_eq!(call().await.overall_code, OK, "burst call {n}");
+    }
+    let r = call().await;
+    assert_eq!(
+        first(&r),
+        (OVER, "burst".into(), 10, PbUnit::Second as i32, 0)
+    );
+    // Every policy in the headers, the binding one first.
+    assert_eq!(
+        header(&r, "x-ratelimit-limit"),
+        Some(
+            "10, 10;w=1;name=\"burst\", 1000;w=3600;name=\"hourly\", 50000;w=86400;name=\"daily\""
+        )
+    );
+    assert_eq!(header(&r, "retry-after"), Some("1"));
+    // Then held to 10 a second: ten per second pass for the rest of the hour's budget.
+    let mut admitted = 20;
+    let mut refused_by = None;
+    for _ in 0..2000 {
+        server.clock.advance_us(100_000);
+        let r = call().await;
+        if r.overall_code == OK {
+            admitted += 1;
+        } else {
+            refused_by = Some(first(&r));
+            break;
+        }
+    }
+    // The hour binds at exactly 1,000 (the refused 21st call charged nothing anywhere).
+    assert_eq!(admitted, 1000);
+    let (code, name, requests, unit, remaining) = refused_by.expect("the hour ran out");
+    assert_eq!(
+        (code, name.as_str(), requests, unit, remaining),
+        (OVER, "hourly", 1000, PbUnit::Hour as i32, 0)
+    );
+    // While allowed, the status names the limit with the least left.
+    let r = server.ok(request("api", &[&[("client", "c2")]])).await;
+    assert_eq!(
+        first(&r),
+        (OK, "burst".into(), 10, PbUnit::Second as i32, 19)
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_refusal_by_one_layer_charges_none() {
+    let server = TestServer::start(&[("api.yaml", RULES)]).await;
+    let call = || server.ok(request("api", &[&[("tight", "t")]]));
+    for _ in 0..5 {
+        assert_eq!(call().await.overall_code, OK);
+    }
+    // The bucket refuses the 6th and 7th; the hourly window must not have counted them.
+    for _ in 0..2 {
+        let r = call().await;
+        assert_eq!(first(&r).0, OVER);
+        assert_eq!(first(&r).1, "bucket");
+    }
+    server.clock.advance_us(1_000_000);
+    // A second later the bucket holds 5 again, but the hour has only 2 left: 7 in all.
+    assert_eq!(call().await.overall_code, OK);
+    assert_eq!(call().await.overall_code, OK);
+    let r = call().await;
+    assert_eq!(first(&r), (OVER, "fixed".into(), 7, PbUnit::Hour as i32, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_window_and_a_bucket_never_admit_more_than_either_allows() {
+    let server = TestServer::start(&[("api.yaml", RULES)]).await;
+    // xorshift: a reproducible, bursty arrival pattern over four hours.
+    let mut state: u64 = 0x1234_5678_9ABC_DEF1;
+    let mut admitted_at: Vec<u64> = Vec::new();
+    let mut now = 0u64;
+    for _ in 0..3000 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let step = match state % 4 {
+            0 => 0,
+            1 => state % 200_000,
+            2 => state % 5_000_000,
+            _ => state % 60_000_000,
+        };
+        server.clock.advance_us(step);
+        now += step;
+        let r = server.ok(request("api", &[&[("tight", "w")]])).await;
+        if r.overall_code == OK {
+            admitted_at.push(now);
+        }
+    }
+    assert!(admitted_at.len() > 20, "the test admitted something");
+    for (i, &at) in admitted_at.iter().enumerate() {
+        // The fixed window: never more than 7 in one clock hour.
+        let hour = at / 3_600_000_000;
+        let same_hour = admitted_at
+            .iter()
+            .filter(|t| **t / 3_600_000_000 == hour)
+            .count();
+        assert!(same_hour <= 7, "{same_hour} in hour {hour}");
+        // The bucket (5 a second, burst 5): at most 5 + 5 per second over any span.
+        for &later in &admitted_at[i..] {
+            let span_s = (later - at) as f64 / 1e6;
+            let within = admitted_at
+                .iter()
+                .filter(|t| **t >= at && **t <= later)
+                .count() as f64;
+            assert!(
+                within <= 5.0 + 5.0 * span_s + 1e-9,
+                "{within} admitted in {span_s} s"
+            );
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn replaces_drops_a_layer_by_its_name_and_metrics_count_per_layer() {
+    let server = TestServer::start(&[("api.yaml", RULES)]).await;
+    // The partner's rule replaces the hourly layer: burst and daily still apply.
+    let r = server
+        .ok(request(
+            "api",
+            &[&[("client", "p")], &[("partner", "acme")]],
+        ))
+        .await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(first(&r).1, "burst");
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let (_, metrics) = common::http(admin, "GET", "/metrics", "").await;
+    let hits = |rule: &str| {
+        common::sample(
+            &metrics,
+            &format!("portcullis_rule_hits_total{{domain=\"api\",rule=\"{rule}\"}}"),
+        )
+    };
+    assert_eq!(hits("api.client/burst"), 1.0, "{metrics}");
+    assert_eq!(hits("api.client/daily"), 1.0);
+    assert_eq!(hits("api.client/hourly"), 0.0, "replaced: not counted");
+    // /rlconfig lists every layer.
+    let (_, config) = common::http(admin, "GET", "/rlconfig", "").await;
+    assert!(
+        config.contains(
+            "api.client: 10 per second, token_bucket, burst 20, name \"burst\" AND 1000 per hour, \
+             sliding_window, name \"hourly\" AND 50000 per day, fixed_window, name \"daily\""
+        ),
+        "{config}"
+    );
+    server.stop().await;
+}
+
+async fn exactly_the_tightest(adjust: impl Fn(&mut Settings) + Copy) {
+    let a = TestServer::start_with(&[("api.yaml", RULES)], adjust).await;
+    let b = TestServer::start_with(&[("api.yaml", RULES)], adjust).await;
+    let clients = [a.client.clone(), b.client.clone()];
+    let admitted =
+        common::count_admitted(&clients, request("api", &[&[("trio", "hot")]]), 300).await;
+    assert_eq!(admitted, 60, "the tightest layer (60 an hour) decides");
+    // Nothing refused was charged: the other layers hold exactly 60 too.
+    let r = a.ok(request("api", &[&[("trio", "hot")]])).await;
+    assert_eq!(first(&r).1, "tightest");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_concurrent_calls_on_memory_admit_exactly_the_tightest() {
+    let a = TestServer::start(&[("api.yaml", RULES)]).await;
+    let admitted = common::count_admitted(
+        std::slice::from_ref(&a.client),
+        request("api", &[&[("trio", "hot")]]),
+        300,
+    )
+    .await;
+    assert_eq!(admitted, 60);
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_concurrent_calls_on_standalone_redis_admit_exactly_the_tightest() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    exactly_the_tightest(|s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url.clone());
+        s.store_timeout = Duration::from_secs(2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_hundred_concurrent_calls_on_cluster_admit_exactly_the_tightest() {
+    let cluster = RedisCluster::start_with_replicas(0);
+    let seeds = cluster.seeds();
+    exactly_the_tightest(|s| {
+        s.store = StoreKind::Redis;
+        s.redis_cluster = seeds.clone();
+        s.store_timeout = Duration::from_secs(2);
+    })
+    .await;
+    // One slot for the descriptor's layers: every key of it on one node.
+    let port = cluster.master_of("{api|trio=hot}");
+    let keys = common::redis::cli(port, &["KEYS", "*trio=hot*"]);
+    assert_eq!(keys.lines().count(), 3, "{keys}");
+}
