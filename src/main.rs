@@ -7,6 +7,7 @@ use clap::Parser;
 
 use portcullis::algorithm::Algorithm;
 use portcullis::clock::SystemClock;
+use portcullis::rules::scaling::Scaling;
 use portcullis::rules::{self, LoadOptions, Lookup, MatchKind};
 use portcullis::settings::{self, Cli, Command, Settings};
 use portcullis::{server, telemetry};
@@ -42,7 +43,14 @@ fn main() -> ExitCode {
             domain,
             entries,
             merge_domain_config,
-        } => explain(&config, &domain, &entries, options(merge_domain_config)),
+            scaling_file,
+        } => explain(
+            &config,
+            &domain,
+            &entries,
+            options(merge_domain_config),
+            scaling_file.as_deref(),
+        ),
         Command::Ask {
             addr,
             domain,
@@ -161,7 +169,26 @@ fn explain(
     domain: &str,
     entries: &[(String, String)],
     options: LoadOptions,
+    scaling_file: Option<&std::path::Path>,
 ) -> ExitCode {
+    let scaling = match scaling_file {
+        None => Scaling::default(),
+        Some(path) => {
+            let read = std::fs::read_to_string(path)
+                .map_err(|e| format!("{}: {e}", path.display()))
+                .and_then(|text| rules::scaling::parse_file(path, &text));
+            match read {
+                Ok(file) => Scaling {
+                    file,
+                    temporary: Vec::new(),
+                },
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
     let snapshot = match rules::load_dir(config, options) {
         Ok(s) => s,
         Err(e) => {
@@ -198,6 +225,7 @@ fn explain(
             if let Some(name) = &resolved.metric_name {
                 println!("metrics: counted as {name:?}");
             }
+            explain_scaling(&scaling, domain, resolved.rule);
         }
         _ if steps.len() < entries.len() => {
             println!("no rule: the descriptor is deeper than any rule that matched")
@@ -207,6 +235,31 @@ fn explain(
         }
     }
     ExitCode::SUCCESS
+}
+
+/// What the scaling file makes of the rule's limits.
+fn explain_scaling(scaling: &Scaling, domain: &str, rule: &rules::Rule) {
+    let Some(limit) = rule.limit.filter(|_| rule.layers.is_empty()) else {
+        for layer in &rule.layers {
+            let factor = scaling.factor(domain, layer.name.as_deref());
+            if factor != 1.0 {
+                let scaled = rules::scaling::scale(&layer.limit, factor);
+                println!(
+                    "scaling: layer {} ×{factor}: {} per {}",
+                    layer.name.as_deref().unwrap_or("(unnamed)"),
+                    scaled.requests,
+                    layer.unit
+                );
+            }
+        }
+        return;
+    };
+    let factor = scaling.factor(domain, rule.name.as_deref());
+    if factor != 1.0 {
+        let scaled = rules::scaling::scale(&limit, factor);
+        let unit = rule.unit.map_or(String::new(), |u| format!(" per {u}"));
+        println!("scaling: ×{factor}: {}{unit}", scaled.requests);
+    }
 }
 
 fn ask(

@@ -241,14 +241,22 @@ fn explain_shows_how_each_level_matched() {
 }
 
 #[test]
-fn the_readme_rules_example_loads() {
+fn the_readme_rules_examples_load() {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let start = readme.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
-    let end = start + readme[start..].find("```").unwrap();
-    let dir = dir_with(&[("readme.yaml", &readme[start..end])]);
-    let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}");
+    // Every rules example (a YAML block that starts with `domain:`), each on its own.
+    let blocks: Vec<&str> = readme
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .filter(|block| block.starts_with("domain:"))
+        .collect();
+    assert!(blocks.len() >= 2, "the rules and the layered examples");
+    for block in blocks {
+        let dir = dir_with(&[("readme.yaml", block)]);
+        let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
+        assert_eq!(code, 0, "{out}\n{block}");
+    }
 }
 
 #[test]
@@ -465,4 +473,26 @@ fn explain_and_check_show_every_layer_of_a_layered_rule() {
         out.contains("descriptors[0].rate_limits[1].burst: only applies to algorithm token_bucket"),
         "{out}"
     );
+}
+
+#[test]
+fn explain_shows_what_the_scaling_file_makes_of_a_limit() {
+    let dir = dir_with(&[(
+        "l.yaml",
+        "domain: l\ndescriptors:\n  - key: user\n    rate_limit: {name: per-user, unit: hour, requests_per_unit: 100}\n",
+    )]);
+    let scaling = dir_with(&[("s.yaml", "domains: {l: 0.5}\nnames: {per-user: 0.5}\n")]);
+    let file = scaling.path().join("s.yaml");
+    let (code, out) = portcullis(&[
+        "explain",
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--scaling-file",
+        file.to_str().unwrap(),
+        "--domain",
+        "l",
+        "user=u",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("scaling: ×0.25: 25 per hour"), "{out}");
 }

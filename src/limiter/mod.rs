@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{ChargeMode, Check, Decision, Limit};
-use crate::store::{Store, StoreError, all_failed};
+use crate::store::{SharedFactors, Store, StoreError, all_failed};
 use crate::telemetry::{KindLabels, LogThrottle, Metrics, ModeLabels};
 use deny_cache::DenyCache;
 pub use deny_cache::DenyCacheBounds;
@@ -303,6 +303,40 @@ impl Limiter {
             .zip(checks)
             .map(|(o, c)| o.unwrap_or_else(|| (failed_open(&c.limit), false)))
             .collect())
+    }
+
+    /// The temporary scaling factors the store shares between replicas, within `within`.
+    pub async fn load_factors(&self, within: Duration) -> Result<SharedFactors, StoreError> {
+        let deadline = tokio::time::Instant::now() + within;
+        match tokio::time::timeout_at(
+            deadline + DEADLINE_BACKSTOP,
+            self.store.load_factors(deadline),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(within)),
+        }
+    }
+
+    /// Keeps a temporary scaling factor in the store (`ttl_ms` 0 removes it), within `within`.
+    pub async fn save_factor(
+        &self,
+        field: &str,
+        factor: f64,
+        ttl_ms: u64,
+        within: Duration,
+    ) -> Result<(), StoreError> {
+        let deadline = tokio::time::Instant::now() + within;
+        match tokio::time::timeout_at(
+            deadline + DEADLINE_BACKSTOP,
+            self.store.save_factor(field, factor, ttl_ms, deadline),
+        )
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(within)),
+        }
     }
 
     pub fn store_name(&self) -> &'static str {

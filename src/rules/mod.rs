@@ -8,6 +8,7 @@
 
 pub mod glob;
 mod load;
+pub mod scaling;
 mod yaml;
 
 use std::collections::HashMap;

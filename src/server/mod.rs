@@ -6,6 +6,7 @@
 
 pub mod listen;
 pub mod reload;
+pub mod scaling;
 pub mod statsd;
 pub mod tls;
 pub mod watch;
@@ -208,12 +209,55 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         max_entries: settings.max_entries,
         max_string_bytes: settings.max_string_bytes,
     };
-    let decider = Arc::new(Decider::new(
-        rules.clone(),
+    // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the
+    // store's temporary factors, read once now and every reload interval after.
+    let (scaling_fingerprint, scaling_file) = match &settings.scaling_file {
+        Some(path) => scaling::read_file(path).map_err(StartError::Settings)?,
+        None => (0, Default::default()),
+    };
+    let scaling_handle = Arc::new(crate::service::scaling::ScalingHandle {
+        scaling: Arc::new(arc_swap::ArcSwap::from_pointee(
+            crate::rules::scaling::Scaling {
+                file: scaling_file,
+                temporary: Vec::new(),
+            },
+        )),
+        last: Default::default(),
+    });
+    let _ = crate::service::scaling::refresh(
+        &limiter,
+        &scaling_handle.scaling,
+        &rules,
+        &metrics,
+        &scaling_handle.last,
+        settings.store_timeout.max(Duration::from_millis(250)),
+    )
+    .await;
+    tasks.push(scaling::spawn_poller(
         limiter.clone(),
-        config,
+        scaling_handle.clone(),
+        rules.clone(),
         metrics.clone(),
+        settings.reload_interval,
+        stopped.clone(),
     ));
+    if let Some(path) = &settings.scaling_file {
+        tasks.push(watch::spawn(
+            Arc::new(scaling::ScalingFileWatch {
+                path: path.clone(),
+                handle: scaling_handle.clone(),
+                rules: rules.clone(),
+                metrics: metrics.clone(),
+            }),
+            scaling_fingerprint,
+            settings.reload_interval,
+            stopped.clone(),
+        ));
+    }
+    let decider = Arc::new(
+        Decider::new(rules.clone(), limiter.clone(), config, metrics.clone())
+            .with_scaling(scaling_handle.scaling.clone()),
+    );
 
     let grpc_listener = bind(settings.grpc_addr).await?;
     let admin_listener = bind(settings.admin_addr).await?;
@@ -235,6 +279,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
                 metrics: false,
                 json: false,
                 go_metrics: Some(settings.go_metrics_path.clone()),
+                scaling: false,
             },
         ));
     }
@@ -324,13 +369,17 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         ready_requires_rules: settings.ready_requires_rules,
         ready_on_permanent_store_errors: settings.ready_on_permanent_store_errors,
         store_ping_timeout: settings.store_timeout.max(Duration::from_millis(250)),
+        scaling: scaling_handle,
     };
     tasks.push(spawn_readiness(
         admin_state.clone(),
         health.clone(),
         stopped.clone(),
     ));
-    let app = admin::router(admin_state.clone(), &Routes::admin(settings.admin_json));
+    let app = admin::router(
+        admin_state.clone(),
+        &Routes::admin(settings.admin_json, settings.admin_scaling),
+    );
     let admin_task = tokio::spawn(listen::serve_http(
         admin_listener,
         app,

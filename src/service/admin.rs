@@ -21,9 +21,11 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use super::scaling::ScalingHandle;
 use super::{Decider, json};
 use crate::limiter::Limiter;
 use crate::rules::Snapshot;
+use crate::rules::scaling::{Scope, check_factor};
 use crate::telemetry::Metrics;
 
 #[derive(Clone)]
@@ -39,6 +41,8 @@ pub struct AdminState {
     pub ready_on_permanent_store_errors: bool,
     /// How long the readiness ping of the store may take.
     pub store_ping_timeout: std::time::Duration,
+    /// Runtime scaling in force, and what reads it back from the store.
+    pub scaling: Arc<ScalingHandle>,
 }
 
 /// Which endpoints one HTTP listener serves.
@@ -54,17 +58,20 @@ pub struct Routes {
     pub json: bool,
     /// envoyproxy/ratelimit's metric names, at this path.
     pub go_metrics: Option<String>,
+    /// `GET /scaling`, and `POST /scaling` to set a temporary factor (off unless asked for).
+    pub scaling: bool,
 }
 
 impl Routes {
     /// The admin listener: everything of ours, `/json` only when asked for.
-    pub fn admin(json: bool) -> Routes {
+    pub fn admin(json: bool, scaling: bool) -> Routes {
         Routes {
             health: true,
             rules: true,
             metrics: true,
             json,
             go_metrics: None,
+            scaling,
         }
     }
 }
@@ -87,6 +94,9 @@ pub fn router(state: AdminState, routes: &Routes) -> Router {
     }
     if routes.json {
         router = router.route("/json", post(json_call));
+    }
+    if routes.scaling {
+        router = router.route("/scaling", get(scaling_get).post(scaling_set));
     }
     if let Some(path) = &routes.go_metrics {
         router = router.route(path, get(go_metrics));
@@ -164,7 +174,93 @@ async fn rlconfig(State(state): State<AdminState>) -> String {
         out.push_str(&rule.describe());
         out.push('\n');
     }
+    for line in state.scaling.scaling.load().describe() {
+        out.push_str(&line);
+        out.push('\n');
+    }
     out
+}
+
+async fn scaling_get(State(state): State<AdminState>) -> String {
+    let lines = state.scaling.scaling.load().describe();
+    if lines.is_empty() {
+        return "scaling: none (every limit as configured)\n".into();
+    }
+    lines.join("\n") + "\n"
+}
+
+/// The body of `POST /scaling`: `{"scope": "domain", "name": "edge", "factor": 0.5,
+/// "for_seconds": 1800}`; `for_seconds` 0 removes the factor.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScalingChange {
+    scope: String,
+    name: Option<String>,
+    factor: Option<f64>,
+    for_seconds: u64,
+}
+
+/// The longest a temporary factor may be set for: an incident's, not a policy's (that is the
+/// scaling file's job).
+const MAX_SCALING_SECONDS: u64 = 7 * 24 * 3600;
+
+async fn scaling_set(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+    let change: ScalingChange = match serde_json::from_slice(&body) {
+        Ok(c) => c,
+        Err(e) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("not a scaling change: {e}"),
+            );
+        }
+    };
+    let scope = match Scope::parse(&change.scope, change.name.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
+    };
+    if change.for_seconds > MAX_SCALING_SECONDS {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("for_seconds is at most {MAX_SCALING_SECONDS} (a week)"),
+        );
+    }
+    let factor = match (change.for_seconds, change.factor) {
+        (0, _) => 1.0,
+        (_, Some(f)) => match check_factor(f) {
+            Ok(f) => f,
+            Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
+        },
+        (_, None) => return json_error(StatusCode::BAD_REQUEST, "factor is required"),
+    };
+    let within = state
+        .store_ping_timeout
+        .max(std::time::Duration::from_secs(1));
+    let saved = state
+        .limiter
+        .save_factor(&scope.field(), factor, change.for_seconds * 1000, within)
+        .await;
+    if let Err(e) = saved {
+        tracing::warn!(error = %e, %scope, "scaling change not saved");
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("the store did not keep the change: {e}"),
+        );
+    }
+    let _ = super::scaling::refresh(
+        &state.limiter,
+        &state.scaling.scaling,
+        &state.rules,
+        &state.metrics,
+        &state.scaling.last,
+        within,
+    )
+    .await;
+    if change.for_seconds == 0 {
+        tracing::warn!(%scope, "temporary scaling removed");
+    } else {
+        tracing::warn!(%scope, factor, for_seconds = change.for_seconds, "temporary scaling set");
+    }
+    (StatusCode::OK, scaling_get(State(state)).await).into_response()
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {

@@ -14,6 +14,7 @@ use crate::limiter::Limiter;
 use crate::pb::{
     RateLimitDescriptor, RateLimitRequest, RateLimitResponse, RateLimitUnit, rate_limit_descriptor,
 };
+use crate::rules::scaling::{self, Scaling};
 use crate::rules::{Entry, Lookup, Rule, Snapshot, Unit};
 use crate::telemetry::{Metrics, RuleLabels};
 
@@ -74,6 +75,8 @@ pub struct Decider {
     limiter: Arc<Limiter>,
     config: ServiceConfig,
     metrics: Arc<Metrics>,
+    /// Runtime scaling in force (the file's and the store's temporary factors).
+    scaling: Arc<ArcSwap<Scaling>>,
 }
 
 impl Decider {
@@ -92,7 +95,14 @@ impl Decider {
             limiter,
             config,
             metrics,
+            scaling: Arc::new(ArcSwap::from_pointee(Scaling::default())),
         }
+    }
+
+    /// Limits scaled by what `scaling` holds (kept up to date by the server).
+    pub fn with_scaling(mut self, scaling: Arc<ArcSwap<Scaling>>) -> Self {
+        self.scaling = scaling;
+        self
     }
 
     /// Answers one request.
@@ -100,6 +110,7 @@ impl Decider {
         self.validate(request)?;
         // One snapshot for the whole call: a reload in the middle never mixes two rule sets.
         let rules = self.rules.load_full();
+        let scaling = self.scaling.load();
         let request_hits = u64::from(request.hits_addend.max(1));
         let mut planned: Vec<Planned> = request
             .descriptors
@@ -107,6 +118,7 @@ impl Decider {
             .map(|d| {
                 plan(
                     &rules,
+                    &scaling,
                     &request.domain,
                     d,
                     request_hits,
@@ -405,6 +417,7 @@ fn override_unit(unit: i32) -> Option<Unit> {
 /// Resolves one descriptor: which rule, what it costs, which counter, which metric name.
 fn plan(
     rules: &Snapshot,
+    scaling: &Scaling,
     domain: &str,
     d: &RateLimitDescriptor,
     request_hits: u64,
@@ -449,6 +462,7 @@ fn plan(
         ),
         (Lookup::NoRule, None) => (None, Vec::new(), None),
     };
+    let rule = rule.map(|rule| scaled(rule, scaling, domain));
     let key_of = |limit: &Limit| {
         key::counter_key_parts(
             domain,
@@ -505,6 +519,39 @@ fn plan(
         layers,
         binding: 0,
     }
+}
+
+/// The rule as runtime scaling has it: the same `Arc` when no factor touches it (the usual case:
+/// no copy), else a copy with its counts (and bursts) scaled. Keys do not change with counts.
+fn scaled(rule: Arc<Rule>, scaling: &Scaling, domain: &str) -> Arc<Rule> {
+    if scaling.is_neutral() || rule.is_unlimited() {
+        return rule;
+    }
+    let factor = scaling.factor(domain, rule.name.as_deref());
+    let layer_factors: Vec<f64> = rule
+        .layers
+        .iter()
+        .map(|l| scaling.factor(domain, l.name.as_deref()))
+        .collect();
+    if factor == 1.0 && layer_factors.iter().all(|f| *f == 1.0) {
+        return rule;
+    }
+    let count = |limit: &Limit| u32::try_from(limit.requests).unwrap_or(u32::MAX);
+    let mut copy = (*rule).clone();
+    if copy.layers.is_empty() {
+        if let Some(limit) = copy.limit.as_mut() {
+            *limit = scaling::scale(limit, factor);
+            copy.requests_per_unit = count(limit);
+        }
+    } else {
+        for (layer, f) in copy.layers.iter_mut().zip(layer_factors) {
+            layer.limit = scaling::scale(&layer.limit, f);
+            layer.requests_per_unit = count(&layer.limit);
+        }
+        copy.limit = Some(copy.layers[0].limit);
+        copy.requests_per_unit = copy.layers[0].requests_per_unit;
+    }
+    Arc::new(copy)
 }
 
 /// `domain.key.key`: a request-carried limit is named by its keys only. (The Go service puts the

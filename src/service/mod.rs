@@ -8,6 +8,7 @@ pub mod decider;
 pub mod json;
 pub mod response;
 pub mod rls;
+pub mod scaling;
 
 pub use decider::{Decider, ServiceConfig};
 pub use response::HeadersMode;

@@ -240,6 +240,7 @@ pub fn from_go_env(
             metrics: false,
             json: true,
             go_metrics: None,
+            scaling: false,
         },
     }];
     let age = r.duration("GRPC_MAX_CONNECTION_AGE", Duration::from_secs(24 * 3600));

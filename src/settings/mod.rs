@@ -62,6 +62,10 @@ pub enum Command {
         /// Merge a domain defined in several files (as `serve --merge-domain-config`).
         #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
+        /// Show the limit as this scaling file scales it (as `serve --scaling-file`; temporary
+        /// factors live in the store: `GET /scaling` or `/rlconfig` of a running replica).
+        #[arg(long, env = "PORTCULLIS_SCALING_FILE")]
+        scaling_file: Option<PathBuf>,
     },
     /// Send one ShouldRateLimit request to a running server and print the answer.
     Ask {
@@ -260,6 +264,13 @@ pub struct Settings {
     /// Serve POST /json on the admin listener (a rate-limit call in JSON: it spends budget).
     #[arg(long, env = "PORTCULLIS_ADMIN_JSON")]
     pub admin_json: bool,
+    /// Serve GET and POST /scaling on the admin listener: temporary factors on limits ("halve
+    /// domain edge for 30 minutes"), kept in the store so every replica applies them.
+    #[arg(long, env = "PORTCULLIS_ADMIN_SCALING")]
+    pub admin_scaling: bool,
+    /// A YAML file of factors on limits (`global`, `domains`, `names`), watched like the rules.
+    #[arg(long, env = "PORTCULLIS_SCALING_FILE")]
+    pub scaling_file: Option<PathBuf>,
     /// Admin connections whose request headers take longer than this are closed.
     #[arg(long, env = "PORTCULLIS_ADMIN_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub admin_header_timeout: Duration,
@@ -770,6 +781,8 @@ impl Settings {
             grpc_addr: ([127, 0, 0, 1], 0).into(),
             admin_addr: ([127, 0, 0, 1], 0).into(),
             admin_json: false,
+            admin_scaling: false,
+            scaling_file: None,
             admin_header_timeout: Duration::from_secs(5),
             grpc_max_concurrent_streams: 1024,
             max_in_flight: 10_000,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Answers, Store, StoreError, StoreFuture};
+use super::{Answers, FactorsFuture, PingFuture, SharedFactors, Store, StoreError, StoreFuture};
 use crate::algorithm::{self, ChargeMode, Check, Decision, State};
 use crate::clock::Clock;
 
@@ -40,6 +40,8 @@ pub struct MemoryStore {
     /// Counters one shard may hold.
     per_shard: usize,
     max_counters: usize,
+    /// Temporary scaling factors: field -> (factor, expiry in ms of this store's clock).
+    factors: Mutex<HashMap<String, (f64, u64)>>,
 }
 
 impl MemoryStore {
@@ -55,6 +57,7 @@ impl MemoryStore {
             clock,
             per_shard: max_counters.div_ceil(SHARDS).max(1),
             max_counters,
+            factors: Mutex::new(HashMap::new()),
         })
     }
 
@@ -246,7 +249,43 @@ impl Store for Arc<MemoryStore> {
     fn name(&self) -> &'static str {
         "memory"
     }
+
+    fn load_factors(&self, _deadline: Instant) -> FactorsFuture<'_> {
+        let now_ms = self.clock.now_us() / 1000;
+        let mut factors = self.factors.lock().unwrap_or_else(|p| p.into_inner());
+        factors.retain(|_, (_, expires)| *expires > now_ms);
+        let entries = factors
+            .iter()
+            .map(|(field, (factor, expires))| (field.clone(), *factor, *expires))
+            .collect();
+        Box::pin(std::future::ready(Ok(SharedFactors { now_ms, entries })))
+    }
+
+    fn save_factor<'a>(
+        &'a self,
+        field: &'a str,
+        factor: f64,
+        ttl_ms: u64,
+        _deadline: Instant,
+    ) -> PingFuture<'a> {
+        let now_ms = self.clock.now_us() / 1000;
+        let mut factors = self.factors.lock().unwrap_or_else(|p| p.into_inner());
+        factors.retain(|_, (_, expires)| *expires > now_ms);
+        if ttl_ms == 0 {
+            factors.remove(field);
+        } else if factors.len() < MAX_FACTORS || factors.contains_key(field) {
+            factors.insert(field.to_owned(), (factor, now_ms.saturating_add(ttl_ms)));
+        } else {
+            return Box::pin(std::future::ready(Err(StoreError::Unavailable(format!(
+                "{MAX_FACTORS} scaling factors are set already"
+            )))));
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
+
+/// The most temporary scaling factors kept at once (set by an operator, but still bounded).
+pub const MAX_FACTORS: usize = 1000;
 
 #[cfg(test)]
 mod tests {

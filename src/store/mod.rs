@@ -78,7 +78,36 @@ pub trait Store: Send + Sync + 'static {
     fn ping(&self, _deadline: Instant) -> PingFuture<'_> {
         Box::pin(std::future::ready(Ok(())))
     }
+
+    /// The temporary scaling factors every replica on this store shares, with the store's clock.
+    fn load_factors(&self, _deadline: Instant) -> FactorsFuture<'_> {
+        Box::pin(std::future::ready(Ok(SharedFactors::default())))
+    }
+
+    /// Keeps `factor` under `field` for `ttl_ms` of the store's clock; a `ttl_ms` of 0 removes it.
+    fn save_factor<'a>(
+        &'a self,
+        _field: &'a str,
+        _factor: f64,
+        _ttl_ms: u64,
+        _deadline: Instant,
+    ) -> PingFuture<'a> {
+        Box::pin(std::future::ready(Err(StoreError::Permanent(
+            "this store keeps no scaling factors".into(),
+        ))))
+    }
 }
+
+/// Temporary scaling factors as a store keeps them: (field, factor, expiry in Unix ms) entries
+/// and the store's own clock when it read them, so that every replica judges expiry alike.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SharedFactors {
+    pub now_ms: u64,
+    pub entries: Vec<(String, f64, u64)>,
+}
+
+pub type FactorsFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<SharedFactors, StoreError>> + Send + 'a>>;
 
 /// The same error for every check: a failure of the whole call.
 pub fn all_failed(checks: usize, error: StoreError) -> Answers {

@@ -261,6 +261,11 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DomainLabels {
+    pub domain: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
     pub mode: String,
 }
@@ -322,6 +327,9 @@ pub struct Metrics {
     pub ready: Gauge,
     pub rules_xds_connected: Gauge,
     pub rules_xds_stream_errors: Counter,
+    /// The factor each configured domain's limits run at (runtime scaling; 1 when none).
+    pub scaling_factor: Family<DomainLabels, Gauge<f64, AtomicU64>>,
+    pub scaling_reloads: Family<ResultLabels, Counter>,
     /// Read when scraped: a task, descriptor or memory leak shows as a line that only climbs.
     runtime_alive_tasks: Gauge,
     process_open_fds: Gauge,
@@ -362,6 +370,8 @@ impl Metrics {
             ready: Gauge::default(),
             rules_xds_connected: Gauge::default(),
             rules_xds_stream_errors: Counter::default(),
+            scaling_factor: Family::default(),
+            scaling_reloads: Family::default(),
             runtime_alive_tasks: Gauge::default(),
             process_open_fds: Gauge::default(),
             process_resident_memory_bytes: Gauge::default(),
@@ -525,6 +535,20 @@ impl Metrics {
             "rules_xds_stream_errors",
             "xDS rules streams that ended or could not be opened (each is retried with back-off)",
             m.rules_xds_stream_errors.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "scaling_factor",
+            "The factor a domain's limits run at (runtime scaling: global times domain), 1 when none",
+            m.scaling_factor.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "scaling_reloads",
+            "Scaling file reloads by result (success, error)",
+            m.scaling_reloads.clone(),
         );
         register(
             &mut registry,

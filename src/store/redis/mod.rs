@@ -25,7 +25,7 @@ pub use connection::{RedisConfig, SentinelAuth, Topology, redact_url};
 pub use script::ScriptClock;
 
 use self::connection::Backend;
-use super::{Answers, PingFuture, Store, StoreError, StoreFuture};
+use super::{Answers, FactorsFuture, PingFuture, SharedFactors, Store, StoreError, StoreFuture};
 use crate::algorithm::{ChargeMode, Check, zero_limit_decision};
 use crate::telemetry::Metrics;
 
@@ -571,7 +571,141 @@ impl RoutedConn for redis::cluster_async::ClusterConnection {
     }
 }
 
+/// Reads every temporary scaling factor with Redis' clock: `{now_ms, {field, "factor|expiry", …}}`.
+const LOAD_FACTORS: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {now, redis.call('HGETALL', KEYS[1])}
+"#;
+
+/// Sets (or, with a TTL of 0, removes) one factor, expiring on Redis' clock; drops the expired
+/// ones and keeps the hash as long as its longest entry (every key has a TTL).
+const SAVE_FACTOR: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function expiry(value)
+  return tonumber(string.match(value, '|(%d+)$'))
+end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local expires = expiry(all[i + 1])
+  if expires == nil or expires <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0
+      and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then
+    return redis.error_reply('TOOMANY scaling factors are set already')
+  end
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. '|' .. (now + ttl))
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+local longest = 0
+all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local expires = expiry(all[i + 1])
+  if expires ~= nil and expires > longest then
+    longest = expires
+  end
+end
+if longest > 0 then
+  redis.call('PEXPIREAT', KEYS[1], longest)
+end
+return now
+"#;
+
+/// The most temporary factors one hash may hold (set by operators, still bounded).
+const MAX_FACTORS: usize = 1000;
+
+impl RedisStore {
+    /// The hash of temporary scaling factors: its own hash tag, apart from every counter key
+    /// (those start with `{<domain>|`).
+    fn factors_key(&self) -> String {
+        format!("{}{{scaling}}", self.prefix)
+    }
+
+    /// One small script (EVAL: rare calls, no cache to keep) within the deadline.
+    async fn eval_small(
+        &self,
+        script: &str,
+        args: &[String],
+        deadline: Instant,
+    ) -> Result<Value, StoreError> {
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script).arg(1).arg(self.factors_key()).arg(args);
+        let called = match &self.backend {
+            Backend::Pool(set) => {
+                let mut conn = set.get_or_wait(deadline).await?.conn.clone();
+                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
+            }
+            Backend::Cluster(cluster) => {
+                let mut conn = cluster.clone();
+                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
+            }
+        };
+        match called {
+            Ok(result) => result.map_err(|e| classify(&e)),
+            Err(_) => Err(StoreError::Timeout(budget)),
+        }
+    }
+}
+
+/// `{now_ms, {field, "factor|expiry", …}}` as the entries; malformed ones are skipped.
+fn shared_factors(reply: Value) -> Result<SharedFactors, StoreError> {
+    let protocol = |what: &str| StoreError::Protocol(format!("scaling factors: {what}"));
+    let Value::Array(mut parts) = reply else {
+        return Err(protocol("not an array"));
+    };
+    let fields = parts.pop().ok_or_else(|| protocol("no fields"))?;
+    let now: i64 = redis::from_redis_value(parts.pop().ok_or_else(|| protocol("no clock"))?)
+        .map_err(|e| protocol(&e.to_string()))?;
+    let pairs: Vec<String> =
+        redis::from_redis_value(fields).map_err(|e| protocol(&e.to_string()))?;
+    let entries = pairs
+        .chunks_exact(2)
+        .take(MAX_FACTORS)
+        .filter_map(|pair| {
+            let (factor, expires) = pair[1].split_once('|')?;
+            Some((pair[0].clone(), factor.parse().ok()?, expires.parse().ok()?))
+        })
+        .collect();
+    Ok(SharedFactors {
+        now_ms: u64::try_from(now).unwrap_or(0),
+        entries,
+    })
+}
+
 impl Store for RedisStore {
+    fn load_factors(&self, deadline: Instant) -> FactorsFuture<'_> {
+        Box::pin(async move {
+            let reply = self.eval_small(LOAD_FACTORS, &[], deadline).await?;
+            shared_factors(reply)
+        })
+    }
+
+    fn save_factor<'a>(
+        &'a self,
+        field: &'a str,
+        factor: f64,
+        ttl_ms: u64,
+        deadline: Instant,
+    ) -> PingFuture<'a> {
+        Box::pin(async move {
+            let args = [
+                field.to_owned(),
+                factor.to_string(),
+                ttl_ms.to_string(),
+                MAX_FACTORS.to_string(),
+            ];
+            self.eval_small(SAVE_FACTOR, &args, deadline).await?;
+            Ok(())
+        })
+    }
+
     fn check<'a>(
         &'a self,
         checks: &'a [Check],

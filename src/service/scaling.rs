@@ -1,0 +1,92 @@
+//! Runtime scaling at the service: the temporary factors read back from the store into the
+//! `ArcSwap<Scaling>` the decider reads per call, the per-domain gauge, and what the admin
+//! endpoint changes. The server calls `refresh` every reload interval (so every replica on one
+//! Redis applies the same factors within one interval); the admin endpoint calls it right after a
+//! change (so the replica that took it applies it on its next call).
+//!
+//! It must never drop the factors in force because the store could not be read: they stay,
+//! minus those whose expiry passed by this process' count of elapsed time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+
+use crate::limiter::Limiter;
+use crate::rules::Snapshot;
+use crate::rules::scaling::Scaling;
+use crate::store::StoreError;
+use crate::telemetry::{DomainLabels, LogThrottle, Metrics};
+
+/// The store's clock when the factors were last read, and this process' instant then.
+#[derive(Default)]
+pub struct LastRead {
+    at: std::sync::Mutex<Option<(u64, Instant)>>,
+    failures: LogThrottle,
+}
+
+/// Reads the store's temporary factors into `scaling` (the file's stay as they are) and
+/// publishes the per-domain gauge.
+pub async fn refresh(
+    limiter: &Limiter,
+    scaling: &ArcSwap<Scaling>,
+    rules: &ArcSwap<Snapshot>,
+    metrics: &Metrics,
+    last: &LastRead,
+    within: Duration,
+) -> Result<(), StoreError> {
+    let read = limiter.load_factors(within).await;
+    let mut at = last.at.lock().unwrap_or_else(|p| p.into_inner());
+    let result = match read {
+        Ok(shared) => {
+            let temporary = Scaling::temporary_from(&shared.entries, shared.now_ms);
+            scaling.rcu(|current| Scaling {
+                file: current.file.clone(),
+                temporary: temporary.clone(),
+            });
+            *at = Some((shared.now_ms, Instant::now()));
+            Ok(())
+        }
+        Err(error) => {
+            // Expire what we hold by our own count of time since the store's last word.
+            if let Some((store_ms, then)) = *at {
+                let now_ms = store_ms + then.elapsed().as_millis() as u64;
+                scaling.rcu(|current| Scaling {
+                    file: current.file.clone(),
+                    temporary: current
+                        .temporary
+                        .iter()
+                        .filter(|t| t.expires_at_ms > now_ms)
+                        .cloned()
+                        .collect(),
+                });
+            }
+            if let Some(skipped) = last.failures.allow() {
+                tracing::warn!(%error, similar_failures_not_logged = skipped,
+                    "cannot read the temporary scaling factors from the store; the ones in force stay until they expire");
+            }
+            Err(error)
+        }
+    };
+    drop(at);
+    publish(metrics, &scaling.load(), &rules.load());
+    result
+}
+
+/// `portcullis_scaling_factor{domain}` for every configured domain.
+pub fn publish(metrics: &Metrics, scaling: &Scaling, rules: &Snapshot) {
+    for domain in rules.domain_names() {
+        metrics
+            .scaling_factor
+            .get_or_create(&DomainLabels {
+                domain: domain.to_owned(),
+            })
+            .set(scaling.domain_factor(domain));
+    }
+}
+
+/// Shared by the admin endpoint and the server's poller.
+pub struct ScalingHandle {
+    pub scaling: Arc<ArcSwap<Scaling>>,
+    pub last: LastRead,
+}

@@ -1,0 +1,259 @@
+//! Runtime scaling: factors on limits changed without editing rules, from the scaling file
+//! (watched like the rules) and from the admin endpoint (temporary, with an expiry, kept in the
+//! store so every replica on one Redis applies them). Memory with a manual clock; standalone Redis
+//! and Cluster with two replicas.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{TestServer, http, request, sample};
+use portcullis::pb::rate_limit_response::Code;
+use portcullis::settings::{Settings, StoreKind};
+
+const OK: i32 = Code::Ok as i32;
+
+const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: login
+    rate_limit: {name: login, unit: hour, requests_per_unit: 10}
+  - key: client
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 20, algorithm: token_bucket, burst: 40}
+      - {name: hourly, unit: hour, requests_per_unit: 60}
+"#;
+
+/// Calls `user=<value>` until refused (at most `cap` calls): how many were admitted.
+async fn admitted(server: &TestServer, key: &str, value: &str, cap: usize) -> usize {
+    for n in 0..cap {
+        let r = server.ok(request("api", &[&[(key, value)]])).await;
+        if r.overall_code != OK {
+            return n;
+        }
+    }
+    cap
+}
+
+fn admin(server: &TestServer) -> u16 {
+    server.running.as_ref().unwrap().admin_addr.port()
+}
+
+async fn factor_of(server: &TestServer, domain: &str) -> f64 {
+    let (_, m) = http(admin(server), "GET", "/metrics", "").await;
+    sample(
+        &m,
+        &format!("portcullis_scaling_factor{{domain=\"{domain}\"}}"),
+    )
+}
+
+/// Polls `server`'s gauge until it reads `want`, within `limit`; how long it took.
+async fn until_factor(server: &TestServer, want: f64, limit: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if (factor_of(server, "api").await - want).abs() < 1e-9 {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the factor did not become {want} within {limit:?} (it is {})",
+            factor_of(server, "api").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn set(server: &TestServer, body: &str) -> (u16, String) {
+    http(admin(server), "POST", "/scaling", body).await
+}
+
+#[tokio::test]
+async fn the_scaling_file_scales_limits_and_is_reloaded_when_it_changes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("scaling.yaml");
+    std::fs::write(&file, "domains: {api: 0.5}\nnames: {login: 0.2}\n").unwrap();
+    let path = file.clone();
+    let server = TestServer::start_with(&[("api.yaml", RULES)], move |s| {
+        s.scaling_file = Some(path);
+    })
+    .await;
+    assert_eq!(admitted(&server, "user", "a", 500).await, 50);
+    // A rule's name multiplies with its domain: 10 × 0.5 × 0.2.
+    assert_eq!(admitted(&server, "login", "a", 500).await, 1);
+    // Each layer by its own name: the hour at 30, the burst at 20.
+    assert_eq!(admitted(&server, "client", "a", 500).await, 20);
+    let (_, config) = http(admin(&server), "GET", "/rlconfig", "").await;
+    assert!(
+        config.contains("scaling: domain \"api\" ×0.5 (scaling file)"),
+        "{config}"
+    );
+    assert_eq!(factor_of(&server, "api").await, 0.5);
+
+    // Written beside and renamed in, as a ConfigMap update lands.
+    std::fs::write(dir.path().join(".tmp"), "domains: {api: 2}\n").unwrap();
+    std::fs::rename(dir.path().join(".tmp"), &file).unwrap();
+    until_factor(&server, 2.0, Duration::from_secs(5)).await;
+    // The counter is the same one (scaling never changes identity): 50 spent, 150 more now.
+    assert_eq!(admitted(&server, "user", "a", 500).await, 150);
+    assert_eq!(admitted(&server, "user", "b", 500).await, 200);
+
+    // A broken file is refused; the factors in force stay.
+    std::fs::write(dir.path().join(".tmp"), "domains: {api: -1}\n").unwrap();
+    std::fs::rename(dir.path().join(".tmp"), &file).unwrap();
+    let start = Instant::now();
+    loop {
+        let (_, m) = http(admin(&server), "GET", "/metrics", "").await;
+        if sample(&m, r#"portcullis_scaling_reloads_total{result="error"}"#) >= 1.0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "never refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(factor_of(&server, "api").await, 2.0);
+    assert_eq!(admitted(&server, "user", "c", 500).await, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_temporary_factor_applies_at_once_and_expires() {
+    let server = TestServer::start_with(&[("api.yaml", RULES)], |s| s.admin_scaling = true).await;
+    let (status, body) = set(
+        &server,
+        r#"{"scope":"domain","name":"api","factor":0.5,"for_seconds":1800}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("scaling: domain \"api\" ×0.5 (temporary"),
+        "{body}"
+    );
+    // The replica that took the change applies it on its next call.
+    assert_eq!(admitted(&server, "user", "x", 500).await, 50);
+    assert_eq!(factor_of(&server, "api").await, 0.5);
+    let (_, config) = http(admin(&server), "GET", "/rlconfig", "").await;
+    assert!(config.contains("(temporary, until"), "{config}");
+    // Half an hour later (the store's clock) it is gone.
+    server.clock.advance_us(1801 * 1_000_000);
+    until_factor(&server, 1.0, Duration::from_secs(5)).await;
+    assert_eq!(admitted(&server, "user", "y", 500).await, 100);
+
+    // Removed early with for_seconds 0.
+    set(
+        &server,
+        r#"{"scope":"global","factor":0.1,"for_seconds":60}"#,
+    )
+    .await;
+    assert_eq!(admitted(&server, "user", "z", 500).await, 10);
+    let (status, _) = set(&server, r#"{"scope":"global","for_seconds":0}"#).await;
+    assert_eq!(status, 200);
+    assert_eq!(admitted(&server, "user", "w", 500).await, 100);
+
+    // Refused, saying why: nothing changes.
+    for (body, why) in [
+        (
+            r#"{"scope":"domain","factor":0.5,"for_seconds":60}"#,
+            "needs a name",
+        ),
+        (
+            r#"{"scope":"all","factor":0.5,"for_seconds":60}"#,
+            "not one of global",
+        ),
+        (
+            r#"{"scope":"global","factor":0,"for_seconds":60}"#,
+            "factor 0 is not",
+        ),
+        (
+            r#"{"scope":"global","factor":1e9,"for_seconds":60}"#,
+            "at most 1000",
+        ),
+        (
+            r#"{"scope":"global","for_seconds":60}"#,
+            "factor is required",
+        ),
+        (
+            r#"{"scope":"global","factor":2,"for_seconds":999999999}"#,
+            "at most 604800",
+        ),
+        (r#"{"scope":"global","factor":2}"#, "not a scaling change"),
+    ] {
+        let (status, answer) = set(&server, body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(answer.contains(why), "{body}: {answer}");
+    }
+    assert_eq!(admitted(&server, "user", "v", 500).await, 100);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_endpoint_is_off_unless_enabled() {
+    let server = TestServer::start(&[("api.yaml", RULES)]).await;
+    let (status, _) = set(
+        &server,
+        r#"{"scope":"global","factor":0.5,"for_seconds":60}"#,
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(admitted(&server, "user", "x", 500).await, 100);
+    server.stop().await;
+}
+
+/// An incident: one replica halves the domain; the other, sharing the store, applies it within
+/// one reload interval; 300 concurrent calls over both admit exactly the halved limit.
+async fn an_incident_across_two_replicas(adjust: impl Fn(&mut Settings) + Copy) {
+    let a = TestServer::start_with(&[("api.yaml", RULES)], |s| {
+        adjust(s);
+        s.admin_scaling = true;
+    })
+    .await;
+    let b = TestServer::start_with(&[("api.yaml", RULES)], adjust).await;
+    let interval = Settings::for_tests(a.dir.path().to_path_buf()).reload_interval;
+    let (status, body) = set(
+        &a,
+        r#"{"scope":"domain","name":"api","factor":0.5,"for_seconds":1800}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let took = until_factor(&b, 0.5, Duration::from_secs(10)).await;
+    assert!(
+        took <= interval * 2 + Duration::from_millis(500),
+        "the other replica took {took:?} (reload interval {interval:?})"
+    );
+    let clients = [a.client.clone(), b.client.clone()];
+    let admitted =
+        common::count_admitted(&clients, request("api", &[&[("user", "incident")]]), 300).await;
+    assert_eq!(admitted, 50, "half of 100, across both replicas");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incident_on_standalone_redis_halves_every_replica() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    an_incident_across_two_replicas(|s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url.clone());
+        s.store_timeout = Duration::from_secs(2);
+    })
+    .await;
+    // The factor's hash has a TTL, like every key.
+    let ttl: i64 = common::redis::cli(redis.port, &["PTTL", "portcullis:{scaling}"])
+        .parse()
+        .unwrap();
+    assert!(ttl > 1_700_000 && ttl <= 1_800_000, "{ttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incident_on_cluster_halves_every_replica() {
+    let cluster = RedisCluster::start_with_replicas(0);
+    let seeds = cluster.seeds();
+    an_incident_across_two_replicas(|s| {
+        s.store = StoreKind::Redis;
+        s.redis_cluster = seeds.clone();
+        s.store_timeout = Duration::from_secs(2);
+    })
+    .await;
+}
