@@ -272,3 +272,147 @@ async fn three_hundred_concurrent_calls_on_cluster_admit_exactly_the_tightest() 
     let keys = common::redis::cli(port, &["KEYS", "*trio=hot*"]);
     assert_eq!(keys.lines().count(), 3, "{keys}");
 }
+
+/// One layered descriptor's checks (one hash tag), as the decider sends them: all or nothing.
+fn layered_checks(value: &str, hits: u64) -> Vec<portcullis::algorithm::Check> {
+    use portcullis::algorithm::{Algorithm, Check, Limit, key};
+    let limits = [
+        Limit {
+            algorithm: Algorithm::TokenBucket,
+            requests: 10,
+            window_us: 1_000_000,
+            burst: 20,
+        },
+        Limit {
+            algorithm: Algorithm::SlidingWindow,
+            requests: 100,
+            window_us: 3_600_000_000,
+            burst: 100,
+        },
+        Limit {
+            algorithm: Algorithm::FixedWindow,
+            requests: 500,
+            window_us: 86_400_000_000,
+            burst: 500,
+        },
+    ];
+    limits
+        .iter()
+        .map(|limit| Check {
+            key: key::counter_key("layers", [("client", value)], limit, None),
+            limit: *limit,
+            hits,
+            refund: false,
+        })
+        .collect()
+}
+
+/// Burst then sustained, on Redis with the scripts' clock fixed by the test: the decisions are
+/// the memory store's, step by step, and a refused hit moves no layer.
+async fn layered_like_the_model(store: portcullis::store::RedisStore) {
+    use portcullis::algorithm::ChargeMode;
+    use portcullis::store::MemoryStore;
+    use portcullis::store::redis::ScriptClock;
+    let memory = MemoryStore::new(std::sync::Arc::new(portcullis::clock::ManualClock::new(0)));
+    // 2100-01-01, so keys written on the fixed clock never expire by wall time mid-test.
+    let mut now: u64 = 4_102_444_800_000_000;
+    let mut admitted = 0;
+    for step in 0..400u64 {
+        // 25 at once, then one every 50 ms (faster than the bucket's 10 a second), then gaps.
+        now += match step {
+            0..25 => 0,
+            25..300 => 50_000,
+            _ => 2_000_000,
+        };
+        let hits = if step % 37 == 0 { 3 } else { 1 };
+        let checks = layered_checks("model", hits);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let from_redis: Vec<_> = store
+            .check_with_clock(
+                &checks,
+                ScriptClock::Fixed(now),
+                deadline,
+                ChargeMode::AllOrNothing,
+            )
+            .await
+            .into_iter()
+            .map(|a| a.expect("redis answers"))
+            .collect();
+        let from_memory: Vec<_> = memory
+            .check_all_at(&checks, now, ChargeMode::AllOrNothing)
+            .into_iter()
+            .map(|a| a.expect("memory answers"))
+            .collect();
+        assert_eq!(from_redis, from_memory, "step {step}");
+        if from_redis.iter().all(|d| d.allowed) {
+            admitted += hits;
+        }
+    }
+    // The burst's 20, the bucket's pace, then the hour's 100 binds.
+    assert_eq!(admitted, 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_on_standalone_redis_decide_like_the_model() {
+    let redis = RedisServer::start();
+    let store = connected(portcullis::store::redis::Topology::Standalone(redis.url())).await;
+    layered_like_the_model(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_on_cluster_decide_like_the_model_in_one_script_call() {
+    let cluster = RedisCluster::start_with_replicas(0);
+    let store = connected(portcullis::store::redis::Topology::Cluster(cluster.seeds())).await;
+    let calls_before: u64 = cluster.nodes.iter().map(|n| eval_calls(n.port)).sum();
+    layered_like_the_model(store).await;
+    let calls: u64 = cluster
+        .nodes
+        .iter()
+        .map(|n| eval_calls(n.port))
+        .sum::<u64>()
+        - calls_before;
+    // One script call per decision (400), not a look and a charge per layer.
+    assert!(
+        calls <= 410,
+        "{calls} script calls for 400 layered decisions"
+    );
+}
+
+/// Script calls a node has run (EVALSHA and EVAL).
+fn eval_calls(port: u16) -> u64 {
+    let stats = common::redis::cli(port, &["INFO", "commandstats"]);
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+async fn connected(topology: portcullis::store::redis::Topology) -> portcullis::store::RedisStore {
+    let config = portcullis::store::redis::RedisConfig {
+        topology,
+        tls: false,
+        ca_pem: None,
+        client_cert_pem: None,
+        skip_hostname_verification: false,
+        username: None,
+        password: None,
+        sentinel: Default::default(),
+        pool_size: 2,
+        connect_timeout: Duration::from_secs(2),
+    };
+    let store =
+        portcullis::store::RedisStore::new(&config, "layered:", Default::default()).unwrap();
+    store
+        .probe(Duration::from_secs(10))
+        .await
+        .expect("Redis usable");
+    store
+}
