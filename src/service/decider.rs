@@ -156,12 +156,17 @@ impl Decider {
                 groups.push((layers.collect(), ChargeMode::AllOrNothing));
             }
         }
-        let answers = futures_util::future::join_all(
-            groups
-                .iter()
-                .map(|(checks, mode)| self.limiter.check(checks, *mode)),
-        )
-        .await;
+        // The usual call has one group: no join, no extra allocation.
+        let answers = if groups.len() == 1 {
+            vec![self.limiter.check(&groups[0].0, groups[0].1).await]
+        } else {
+            futures_util::future::join_all(
+                groups
+                    .iter()
+                    .map(|(checks, mode)| self.limiter.check(checks, *mode)),
+            )
+            .await
+        };
         let mut decided = Vec::with_capacity(groups.len());
         for ((checks, _), answer) in groups.iter().zip(answers) {
             let decisions =
