@@ -282,6 +282,8 @@ impl Ctx<'_> {
         let errors_before = self.errors.len();
         let mut layers: Vec<Layer> = Vec::new();
         let mut replaces: Vec<String> = Vec::new();
+        // The first layer's rule carries what all layers share (the descriptor's flags).
+        let mut first: Option<Rule> = None;
         for (i, spanned) in list.into_iter().enumerate() {
             let at = format!("{field}[{i}]");
             let layer_line = spanned.referenced.line();
@@ -309,13 +311,14 @@ impl Ctx<'_> {
                 );
                 continue;
             }
-            replaces.extend(rule.replaces);
+            replaces.extend(rule.replaces.iter().cloned());
             layers.push(Layer {
-                name: rule.name,
+                name: rule.name.clone(),
                 limit,
                 requests_per_unit: rule.requests_per_unit,
                 unit,
             });
+            first.get_or_insert(rule);
         }
         for target in &replaces {
             if layers.iter().any(|l| l.name.as_ref() == Some(target)) {
@@ -329,21 +332,13 @@ impl Ctx<'_> {
         if self.errors.len() > errors_before {
             return None;
         }
-        let first = layers[0].clone();
+        // The first layer's limit stands for the rule where one limit is asked for.
         Some(Rule {
-            full_key: full_key.to_owned(),
-            domain: domain.to_owned(),
-            limit: Some(first.limit),
-            requests_per_unit: first.requests_per_unit,
-            unit: Some(first.unit),
             name: None,
             replaces,
-            shadow_mode: flags.shadow_mode,
-            quota_mode: flags.quota_mode,
-            detailed_metric: flags.detailed_metric,
-            metadata: flags.metadata,
             source: Some(self.source(line)),
             layers,
+            ..first?
         })
     }
 

@@ -232,85 +232,74 @@ impl Decider {
             };
             // Counters are u64; a pathological hits_addend must not wrap them.
             let hits = p.hits.min(u64::from(u32::MAX));
-            if !p.layers.is_empty() {
-                self.count_layers(&labels, rule, p, hits);
+            if p.layers.is_empty() {
+                let verdict = match p.decision {
+                    None => Verdict::Undecided,
+                    Some(d) if d.allowed => Verdict::Within(d),
+                    Some(_) => Verdict::Over,
+                };
+                self.count_one(&labels, hits, p.refund, verdict, rule.shadow_mode);
                 continue;
             }
-            if p.refund {
-                self.metrics
-                    .rule_refunded
-                    .get_or_create(&labels)
-                    .inc_by(hits);
-                continue;
-            }
-            self.metrics.rule_hits.get_or_create(&labels).inc_by(hits);
-            let Some(decision) = p.decision else { continue };
-            if decision.allowed {
-                self.metrics
-                    .rule_within_limit
-                    .get_or_create(&labels)
-                    .inc_by(hits);
-                let near = self.near_limit_hits(&decision, hits);
-                if near > 0 {
-                    self.metrics
-                        .rule_near_limit
-                        .get_or_create(&labels)
-                        .inc_by(near);
-                }
-            } else {
-                self.metrics
-                    .rule_over_limit
-                    .get_or_create(&labels)
-                    .inc_by(hits);
-                if rule.shadow_mode {
-                    self.metrics
-                        .rule_shadow_mode
-                        .get_or_create(&labels)
-                        .inc_by(hits);
-                }
+            // Per layer: within every layer when admitted; over on each layer that refused.
+            let admitted = p.decision.is_some_and(|d| d.allowed);
+            for (i, layer) in p.layers.iter().enumerate() {
+                let labels = RuleLabels {
+                    domain: labels.domain.clone(),
+                    rule: layer.layer.metric_name(&labels.rule, i),
+                };
+                let verdict = match layer.decision {
+                    None => Verdict::Undecided,
+                    Some(d) if admitted => Verdict::Within(d),
+                    Some(d) if !d.allowed => Verdict::Over,
+                    Some(_) => Verdict::HitsOnly,
+                };
+                self.count_one(&labels, hits, p.refund, verdict, rule.shadow_mode);
             }
         }
     }
 
-    fn count_layers(&self, labels: &RuleLabels, rule: &Rule, p: &Planned, hits: u64) {
-        let admitted = p.decision.is_some_and(|d| d.allowed);
-        for (i, layer) in p.layers.iter().enumerate() {
-            let labels = RuleLabels {
-                domain: labels.domain.clone(),
-                rule: layer.layer.metric_name(&labels.rule, i),
-            };
-            if p.refund {
-                self.metrics
-                    .rule_refunded
-                    .get_or_create(&labels)
-                    .inc_by(hits);
-                continue;
-            }
-            self.metrics.rule_hits.get_or_create(&labels).inc_by(hits);
-            let Some(decision) = layer.decision else {
-                continue;
-            };
-            if admitted {
+    /// One rule's (or layer's) counters for one descriptor.
+    fn count_one(
+        &self,
+        labels: &RuleLabels,
+        hits: u64,
+        refund: bool,
+        verdict: Verdict,
+        shadow: bool,
+    ) {
+        if refund {
+            self.metrics
+                .rule_refunded
+                .get_or_create(labels)
+                .inc_by(hits);
+            return;
+        }
+        self.metrics.rule_hits.get_or_create(labels).inc_by(hits);
+        match verdict {
+            Verdict::Undecided | Verdict::HitsOnly => {}
+            Verdict::Within(decision) => {
                 self.metrics
                     .rule_within_limit
-                    .get_or_create(&labels)
+                    .get_or_create(labels)
                     .inc_by(hits);
                 let near = self.near_limit_hits(&decision, hits);
                 if near > 0 {
                     self.metrics
                         .rule_near_limit
-                        .get_or_create(&labels)
+                        .get_or_create(labels)
                         .inc_by(near);
                 }
-            } else if !decision.allowed {
+            }
+            Verdict::Over => {
                 self.metrics
                     .rule_over_limit
-                    .get_or_create(&labels)
+                    .get_or_create(labels)
                     .inc_by(hits);
-                if rule.shadow_mode {
+                if shadow {
                     self.metrics
                         .rule_shadow_mode
-                        .get_or_create(&labels)
+                        .get_or_create(labels)
                         .inc_by(hits);
                 }
             }
@@ -387,6 +376,17 @@ impl Decider {
         }
         Ok(())
     }
+}
+
+/// What one descriptor did to one rule's (or layer's) counters beyond its hits.
+#[derive(Clone, Copy)]
+enum Verdict {
+    /// Not decided (a check-only call of an unlimited rule, say): hits only.
+    Undecided,
+    Within(Decision),
+    Over,
+    /// A layer that admitted a hit another layer refused: charged nothing, over nothing.
+    HitsOnly,
 }
 
 /// A field's name, given as text or built on demand (no `format!` per entry on the happy path).
