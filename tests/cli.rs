@@ -318,6 +318,17 @@ fn serve_refuses_settings_that_would_misbehave_naming_each_one() {
         assert!(out.contains(says), "{args:?}: {out}");
         assert!(!out.contains("panicked"), "{args:?}: {out}");
     }
+    // A scaling file that cannot apply stops the start-up too, naming the factor.
+    let scaling = dir_with(&[("s.yaml", "domains: {a: 0}\n")]);
+    let file = scaling.path().join("s.yaml");
+    let mut all: Vec<&str> = base.to_vec();
+    all.extend_from_slice(&["--scaling-file", file.to_str().unwrap()]);
+    let (code, out) = portcullis(&all);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("--scaling-file") && out.contains("domain \"a\": factor 0"),
+        "{out}"
+    );
     // Several problems are all listed at once.
     let mut all: Vec<&str> = base.to_vec();
     all.extend_from_slice(&["--store-timeout", "0", "--key-prefix", "{x}"]);

@@ -212,7 +212,8 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the
     // store's temporary factors, read once now and every reload interval after.
     let (scaling_fingerprint, scaling_file) = match &settings.scaling_file {
-        Some(path) => scaling::read_file(path).map_err(StartError::Settings)?,
+        Some(path) => scaling::read_file(path)
+            .map_err(|e| StartError::Settings(format!("--scaling-file: {e}")))?,
         None => (0, Default::default()),
     };
     let scaling_handle = Arc::new(crate::service::scaling::ScalingHandle {
