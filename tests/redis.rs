@@ -999,6 +999,44 @@ async fn concurrent_calls_share_script_calls_and_admit_exactly_the_limit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_on_one_cluster_slot_share_script_calls_and_admit_exactly_the_limit() {
+    let cluster = RedisCluster::start_with_replicas(0);
+    let store = Arc::new(connected_store(Topology::Cluster(cluster.seeds()), "b2:").await);
+    for node in &cluster.nodes {
+        cli(node.port, &["CONFIG", "RESETSTAT"]);
+    }
+    // A hot key, and a cold one per call on other slots: each slot batches on its own.
+    let check = check_of("hot", hourly(100));
+    let calls: Vec<_> = (0..300)
+        .map(|n| {
+            let store = store.clone();
+            let check = check.clone();
+            let cold = check_of(&format!("cold-{n}"), hourly(100));
+            tokio::spawn(async move {
+                let d = decide(&store, &[check, cold], ScriptClock::RedisTime).await;
+                assert!(d[1].allowed, "a cold key has room");
+                d[0].allowed
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for call in calls {
+        admitted += usize::from(call.await.unwrap());
+    }
+    assert_eq!(admitted, 100, "exactly the limit, batched or not");
+    let hot = cluster.master_of(&format!(
+        "{{{}}}",
+        check.key.split(['{', '}']).nth(1).unwrap()
+    ));
+    let scripts = script_calls(hot);
+    // The hot slot's node also ran some of the cold keys' calls (about a third).
+    assert!(
+        scripts < 300,
+        "300 concurrent calls on one slot went out as {scripts} script calls on its node: not batched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_call_of_a_batch_is_charged_by_its_own_mode() {
     let redis = RedisServer::start();
     let store = Arc::new(connected_store(Topology::Standalone(redis.url()), "b2:").await);

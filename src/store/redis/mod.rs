@@ -10,6 +10,7 @@
 //! charge twice. Errors are classified (`classify`) so that the operator reads what is wrong.
 
 pub mod batch;
+pub mod cluster_batch;
 pub mod connection;
 pub mod script;
 
@@ -38,6 +39,8 @@ pub struct RedisStore {
     backend: Backend,
     /// Standalone and Sentinel: concurrent calls share script calls.
     batcher: Option<batch::Batcher>,
+    /// Cluster: per-slot batching (`cluster_batch`).
+    slot_batcher: Option<cluster_batch::SlotBatcher>,
     prefix: String,
 }
 
@@ -129,6 +132,10 @@ fn redirect(error: &RedisError) -> Option<Route> {
     }
 }
 
+fn is_tryagain(error: &RedisError) -> bool {
+    matches!(error.kind(), ErrorKind::Server(ServerErrorKind::TryAgain))
+}
+
 fn is_noscript(error: &RedisError) -> bool {
     matches!(error.kind(), ErrorKind::Server(ServerErrorKind::NoScript))
 }
@@ -149,9 +156,14 @@ impl RedisStore {
             )),
             Backend::Cluster(_) => None,
         };
+        let slot_batcher = match &backend {
+            Backend::Cluster(cluster) => Some(cluster_batch::SlotBatcher::spawn(cluster.clone())),
+            Backend::Pool(_) => None,
+        };
         Ok(RedisStore {
             backend,
             batcher,
+            slot_batcher,
             prefix: key_prefix.to_owned(),
         })
     }
@@ -178,20 +190,15 @@ impl RedisStore {
         deadline: Instant,
         mode: ChargeMode,
     ) -> Answers {
-        let budget = deadline.saturating_duration_since(Instant::now());
         // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis.
         let counted: Vec<&Check> = checks.iter().filter(|c| c.limit.requests > 0).collect();
         let mut replies: Vec<Result<Value, StoreError>> = match &self.backend {
             Backend::Pool(_) => self.eval_pooled(&counted, clock, deadline, mode).await,
-            Backend::Cluster(cluster) => match mode {
+            Backend::Cluster(_) => match mode {
                 ChargeMode::AllOrNothing => {
-                    self.all_or_nothing_cluster(cluster, &counted, clock, deadline, budget)
-                        .await
+                    self.all_or_nothing_cluster(&counted, clock, deadline).await
                 }
-                mode => {
-                    self.each_on_cluster(cluster, &counted, clock, deadline, budget, mode)
-                        .await
-                }
+                mode => self.each_on_cluster(&counted, clock, deadline, mode).await,
             },
         };
         replies.reverse();
@@ -213,34 +220,39 @@ impl RedisStore {
             .collect()
     }
 
-    /// Cluster: each check in its own script call, concurrently, each within the deadline.
+    /// Cluster: each check in its slot's next script call, concurrently, each within the
+    /// deadline.
     async fn each_on_cluster(
         &self,
-        cluster: &redis::cluster_async::ClusterConnection,
         checks: &[&Check],
         clock: ScriptClock,
         deadline: Instant,
-        budget: Duration,
         mode: ChargeMode,
     ) -> Vec<Result<Value, StoreError>> {
-        let calls = checks.iter().map(|check| {
-            let mut conn = cluster.clone();
-            async move {
-                let called = tokio::time::timeout_at(
-                    deadline,
-                    self.eval_cluster(&mut conn, &[check], clock, mode),
-                )
-                .await;
-                match called {
-                    Ok(Ok(mut values)) => values
-                        .pop()
-                        .ok_or_else(|| StoreError::Protocol("script answered no result".into())),
-                    Ok(Err(e)) => Err(classify(&e)),
-                    Err(_) => Err(StoreError::Timeout(budget)),
-                }
-            }
+        let calls = checks.iter().map(|check| async move {
+            let mut values = self.eval_slot(&[check], clock, mode, deadline).await?;
+            values
+                .pop()
+                .ok_or_else(|| StoreError::Protocol("script answered no result".into()))
         });
         join_all(calls).await
+    }
+
+    /// Checks whose keys share one slot, as one call in the next script call of that slot
+    /// (`cluster_batch`): concurrent calls on a hot key share script calls.
+    async fn eval_slot(
+        &self,
+        checks: &[&Check],
+        clock: ScriptClock,
+        mode: ChargeMode,
+        deadline: Instant,
+    ) -> Result<Vec<Value>, StoreError> {
+        let Some(batcher) = &self.slot_batcher else {
+            return Err(StoreError::Protocol("no Cluster dispatcher".into()));
+        };
+        let (keys, args) = self.encode(checks, clock, mode);
+        let slot = cluster_batch::slot_of(&keys[0]);
+        batcher.call(slot, keys, args, deadline).await
     }
 
     /// Cluster, all or nothing: one script call, atomic, when every key shares a hash tag (the
@@ -248,11 +260,9 @@ impl RedisStore {
     /// would pass.
     async fn all_or_nothing_cluster(
         &self,
-        cluster: &redis::cluster_async::ClusterConnection,
         checks: &[&Check],
         clock: ScriptClock,
         deadline: Instant,
-        budget: Duration,
     ) -> Vec<Result<Value, StoreError>> {
         if let Some((first, rest)) = checks.split_first()
             && !rest.is_empty()
@@ -260,17 +270,12 @@ impl RedisStore {
                 .iter()
                 .all(|c| hash_tag(&c.key).is_some() && hash_tag(&c.key) == hash_tag(&first.key))
         {
-            let mut conn = cluster.clone();
-            let called = tokio::time::timeout_at(
-                deadline,
-                self.eval_cluster(&mut conn, checks, clock, ChargeMode::AllOrNothing),
-            )
-            .await;
-            return match called {
-                Ok(Ok(values)) if values.len() == checks.len() => {
-                    values.into_iter().map(Ok).collect()
-                }
-                Ok(Ok(values)) => vec![
+            return match self
+                .eval_slot(checks, clock, ChargeMode::AllOrNothing, deadline)
+                .await
+            {
+                Ok(values) if values.len() == checks.len() => values.into_iter().map(Ok).collect(),
+                Ok(values) => vec![
                     Err(StoreError::Protocol(format!(
                         "script answered {} results for {} keys",
                         values.len(),
@@ -278,12 +283,11 @@ impl RedisStore {
                     )));
                     checks.len()
                 ],
-                Ok(Err(e)) => vec![Err(classify(&e)); checks.len()],
-                Err(_) => vec![Err(StoreError::Timeout(budget)); checks.len()],
+                Err(e) => vec![Err(e); checks.len()],
             };
         }
         let looked = self
-            .each_on_cluster(cluster, checks, clock, deadline, budget, ChargeMode::Probe)
+            .each_on_cluster(checks, clock, deadline, ChargeMode::Probe)
             .await;
         let all_pass = checks.iter().zip(&looked).all(|(check, answer)| {
             check.refund
@@ -298,14 +302,7 @@ impl RedisStore {
             .filter(|c| all_pass || c.refund)
             .collect();
         let mut ran = self
-            .each_on_cluster(
-                cluster,
-                &to_run,
-                clock,
-                deadline,
-                budget,
-                ChargeMode::EachAlone,
-            )
+            .each_on_cluster(&to_run, clock, deadline, ChargeMode::EachAlone)
             .await
             .into_iter();
         checks
@@ -344,51 +341,6 @@ impl RedisStore {
         match batcher.call(keys, args, deadline).await {
             Ok(values) => values.into_iter().map(Ok).collect(),
             Err(e) => vec![Err(e); checks.len()],
-        }
-    }
-
-    /// Cluster: one script call for checks whose keys share a slot, re-sent only where the
-    /// script cannot have run.
-    async fn eval_cluster(
-        &self,
-        conn: &mut redis::cluster_async::ClusterConnection,
-        checks: &[&Check],
-        clock: ScriptClock,
-        mode: ChargeMode,
-    ) -> Result<Vec<Value>, RedisError> {
-        let (keys, call) = self.encode(checks, clock, mode);
-        // One call in the script call.
-        let mut args = Vec::with_capacity(1 + call.len());
-        args.push(1);
-        args.extend(call);
-        let mut route = Route::BySlot;
-        let mut attempt = 1;
-        loop {
-            match eval(conn, &keys, &args, &route).await {
-                Ok(mut calls) => {
-                    return match calls.pop() {
-                        Some(Value::Array(per_key)) if calls.is_empty() => Ok(per_key),
-                        other => Err(RedisError::from((
-                            ErrorKind::UnexpectedReturnType,
-                            "script reply",
-                            format!("expected one call's results, got {other:?}"),
-                        ))),
-                    };
-                }
-                Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
-                    tracing::debug!(error = %e, attempt, "script did not run: sending it again");
-                    route = match redirect(&e) {
-                        Some(to) => to,
-                        None => {
-                            // TRYAGAIN, a failover in progress, a node not yet connected.
-                            tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
-                            Route::BySlot
-                        }
-                    };
-                    attempt += 1;
-                }
-                other => return other,
-            }
         }
     }
 
@@ -484,6 +436,42 @@ async fn probe_node<C: redis::aio::ConnectionLike>(
         )));
     }
     Ok(format!("Redis {version}, decision script loaded"))
+}
+
+/// One script call on Cluster (`args` starting with the number of calls, as the script reads
+/// them), sent by the first key's slot and sent again only where the script cannot have run
+/// (MOVED and ASK to the node named, TRYAGAIN and a failover after a short wait); one reply per
+/// call.
+///
+/// `split_on_tryagain`: a batch of several calls answered TRYAGAIN (its keys are half migrated)
+/// comes back at once, for its calls to go one by one (each of one descriptor's keys, which
+/// migrate together more often than a whole batch's).
+async fn eval_on_cluster(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    keys: &[String],
+    args: &[i64],
+    split_on_tryagain: bool,
+) -> Result<Vec<Value>, RedisError> {
+    let mut route = Route::BySlot;
+    let mut attempt = 1;
+    loop {
+        match eval(conn, keys, args, &route).await {
+            Err(e) if split_on_tryagain && is_tryagain(&e) => return Err(e),
+            Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
+                tracing::debug!(error = %e, attempt, "script did not run: sending it again");
+                route = match redirect(&e) {
+                    Some(to) => to,
+                    None => {
+                        // TRYAGAIN, a failover in progress, a node not yet connected.
+                        tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+                        Route::BySlot
+                    }
+                };
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The `{…}` of a counter key: the part Redis Cluster hashes to a slot.
