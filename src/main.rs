@@ -180,7 +180,7 @@ fn explain(
             match read {
                 Ok(file) => Scaling {
                     file,
-                    temporary: Vec::new(),
+                    ..Scaling::default()
                 },
                 Err(e) => {
                     eprintln!("{e}");

@@ -134,7 +134,10 @@ async fn a_temporary_factor_applies_at_once_and_expires() {
     assert_eq!(admitted(&server, "user", "x", 500).await, 50);
     assert_eq!(factor_of(&server, "api").await, 0.5);
     let (_, config) = http(admin(&server), "GET", "/rlconfig", "").await;
-    assert!(config.contains("(temporary, until"), "{config}");
+    assert!(
+        config.contains("(temporary, 1800 s left when last read"),
+        "{config}"
+    );
     // Half an hour later (the store's clock) it is gone.
     server.clock.advance_us(1801 * 1_000_000);
     until_factor(&server, 1.0, Duration::from_secs(5)).await;

@@ -97,6 +97,8 @@ pub struct Scaling {
     /// From the scaling file (empty without one).
     pub file: BTreeMap<Scope, f64>,
     pub temporary: Vec<Temporary>,
+    /// The store's clock when the temporary factors were read (0: never), for "N s left".
+    pub read_at_ms: u64,
 }
 
 impl Scaling {
@@ -142,8 +144,12 @@ impl Scaling {
             .map(|(scope, f)| format!("scaling: {scope} ×{f} (scaling file)"))
             .collect();
         for t in &self.temporary {
+            let left_s = t
+                .expires_at_ms
+                .saturating_sub(self.read_at_ms)
+                .div_ceil(1000);
             out.push(format!(
-                "scaling: {} ×{} (temporary, until {} ms since the epoch, store clock)",
+                "scaling: {} ×{} (temporary, {left_s} s left when last read; expires at {} ms of the store's clock)",
                 t.scope, t.factor, t.expires_at_ms
             ));
         }

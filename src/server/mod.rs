@@ -220,7 +220,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         scaling: Arc::new(arc_swap::ArcSwap::from_pointee(
             crate::rules::scaling::Scaling {
                 file: scaling_file,
-                temporary: Vec::new(),
+                ..Default::default()
             },
         )),
         last: Default::default(),

@@ -69,7 +69,7 @@ impl Watched for ScalingFileWatch {
         let count = file.len();
         self.handle.scaling.rcu(|current| Scaling {
             file: file.clone(),
-            temporary: current.temporary.clone(),
+            ..Scaling::clone(current)
         });
         publish(
             &self.metrics,

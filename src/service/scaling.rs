@@ -43,6 +43,7 @@ pub async fn refresh(
             scaling.rcu(|current| Scaling {
                 file: current.file.clone(),
                 temporary: temporary.clone(),
+                read_at_ms: shared.now_ms,
             });
             *at = Some((shared.now_ms, Instant::now()));
             Ok(())
@@ -59,6 +60,7 @@ pub async fn refresh(
                         .filter(|t| t.expires_at_ms > now_ms)
                         .cloned()
                         .collect(),
+                    read_at_ms: now_ms,
                 });
             }
             if let Some(skipped) = last.failures.allow() {
