@@ -22,6 +22,7 @@ use common::redis::{RedisCluster, RedisSentinel, RedisServer, cli, wait_until};
 use common::{http, request, sample};
 use portcullis::pb::RateLimitServiceClient;
 use portcullis::pb::rate_limit_response::Code;
+use portcullis::store::redis::cluster_batch::slot_of;
 use tonic::transport::Channel;
 
 const OK: i32 = Code::Ok as i32;
@@ -57,22 +58,6 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The counter key of `key=value` in the `faults` domain (the Redis key the store writes).
 fn tag(key: &str, value: &str) -> String {
     format!("faults|{key}={value}")
-}
-
-/// Redis Cluster's slot of a hash tag: CRC16/XMODEM modulo 16384.
-fn slot_of(tag: &str) -> u16 {
-    let mut crc: u16 = 0;
-    for byte in tag.bytes() {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
 }
 
 /// `n` values of `key` whose counters live in `slot` (all of them, when `slot` is None).
@@ -647,24 +632,33 @@ async fn redis_killed_and_restarted() {
     assert!(report.failure_answers > 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_cluster_master_killed() {
-    let mut cluster = RedisCluster::start();
+/// The Cluster scenarios: the service on `cluster`, load running for a second with every hot and
+/// fresh key in one slot; that slot and the master serving it.
+async fn on_cluster(
+    name: &'static str,
+    cluster: &RedisCluster,
+) -> (Harness, Load, Vec<String>, u16, u16) {
     let seeds = cluster.seeds().join(",");
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
-    // Every hot and fresh key on the victim's slots: the whole load feels the failover.
     let probe_tag = tag("hot", "h0");
-    let victim = cluster.master_of(&probe_tag);
+    let master = cluster.master_of(&probe_tag);
     let slot = slot_of(&probe_tag);
-    let mut harness = Harness::start(
-        "a Cluster master SIGKILLed (its replica promoted)",
-        &["--redis-cluster", &seeds],
-        ports.clone(),
-    )
-    .await;
+    let harness = Harness::start(name, &["--redis-cluster", &seeds], ports).await;
     let hot = hot_keys(Some(slot));
     let load = Load::start(&harness.client, &hot, &fresh_keys(Some(slot)));
     tokio::time::sleep(Duration::from_secs(1)).await;
+    (harness, load, hot, slot, master)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_master_killed() {
+    let mut cluster = RedisCluster::start();
+    // Every hot and fresh key on the victim's slots: the whole load feels the failover.
+    let (mut harness, load, hot, _, victim) = on_cluster(
+        "a Cluster master SIGKILLed (its replica promoted)",
+        &cluster,
+    )
+    .await;
     let fault = Instant::now();
     cluster.node_mut(victim).kill();
     // Self-healing: the replica takes over on its own; recovery is measured from the kill.
@@ -675,24 +669,13 @@ async fn a_cluster_master_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slot_migrated_under_load() {
     let cluster = RedisCluster::start_with_replicas(0);
-    let seeds = cluster.seeds().join(",");
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port).collect();
-    let probe_tag = tag("hot", "h0");
-    let source = cluster.master_of(&probe_tag);
+    let (mut harness, load, hot, slot, source) =
+        on_cluster("a slot migrated under load (ASK, then MOVED)", &cluster).await;
     let target = *ports
         .iter()
         .find(|p| **p != source)
         .expect("another master");
-    let slot = slot_of(&probe_tag);
-    let mut harness = Harness::start(
-        "a slot migrated under load (ASK, then MOVED)",
-        &["--redis-cluster", &seeds],
-        ports.clone(),
-    )
-    .await;
-    let hot = hot_keys(Some(slot));
-    let load = Load::start(&harness.client, &hot, &fresh_keys(Some(slot)));
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let id = |port: u16| cli(port, &["CLUSTER", "MYID"]);
     let (source_id, target_id) = (id(source), id(target));
     let s = slot.to_string();

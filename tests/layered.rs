@@ -355,14 +355,22 @@ async fn layered_like_the_model(store: portcullis::store::RedisStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layers_on_standalone_redis_decide_like_the_model() {
     let redis = RedisServer::start();
-    let store = connected(portcullis::store::redis::Topology::Standalone(redis.url())).await;
+    let store = common::redis::connected_store(
+        portcullis::store::redis::Topology::Standalone(redis.url()),
+        "layered:",
+    )
+    .await;
     layered_like_the_model(store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layers_on_cluster_decide_like_the_model_in_one_script_call() {
     let cluster = RedisCluster::start_with_replicas(0);
-    let store = connected(portcullis::store::redis::Topology::Cluster(cluster.seeds())).await;
+    let store = common::redis::connected_store(
+        portcullis::store::redis::Topology::Cluster(cluster.seeds()),
+        "layered:",
+    )
+    .await;
     let calls_before: u64 = cluster.nodes.iter().map(|n| eval_calls(n.port)).sum();
     layered_like_the_model(store).await;
     let calls: u64 = cluster
@@ -393,26 +401,4 @@ fn eval_calls(port: u16) -> u64 {
                 .ok()
         })
         .sum()
-}
-
-async fn connected(topology: portcullis::store::redis::Topology) -> portcullis::store::RedisStore {
-    let config = portcullis::store::redis::RedisConfig {
-        topology,
-        tls: false,
-        ca_pem: None,
-        client_cert_pem: None,
-        skip_hostname_verification: false,
-        username: None,
-        password: None,
-        sentinel: Default::default(),
-        pool_size: 2,
-        connect_timeout: Duration::from_secs(2),
-    };
-    let store =
-        portcullis::store::RedisStore::new(&config, "layered:", Default::default()).unwrap();
-    store
-        .probe(Duration::from_secs(10))
-        .await
-        .expect("Redis usable");
-    store
 }

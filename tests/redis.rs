@@ -15,7 +15,7 @@ use portcullis::clock::ManualClock;
 use portcullis::limiter::FailureMode;
 use portcullis::pb::rate_limit_response::Code;
 use portcullis::settings::{Settings, StoreKind};
-use portcullis::store::redis::{RedisConfig, ScriptClock, Topology};
+use portcullis::store::redis::{ScriptClock, Topology};
 use portcullis::store::{MemoryStore, RedisStore};
 
 const OK: i32 = Code::Ok as i32;
@@ -24,30 +24,7 @@ const OVER: i32 = Code::OverLimit as i32;
 /// 2100-01-01: a fixed script clock in the future, so keys never expire by wall time mid-test.
 const FUTURE_US: u64 = 4_102_444_800_000_000;
 
-fn config(topology: Topology) -> RedisConfig {
-    RedisConfig {
-        topology,
-        tls: false,
-        ca_pem: None,
-        client_cert_pem: None,
-        skip_hostname_verification: false,
-        username: None,
-        password: None,
-        sentinel: Default::default(),
-        pool_size: 2,
-        connect_timeout: Duration::from_secs(2),
-    }
-}
-
-/// A store on `topology` whose connections are made (they are made in the background).
-async fn connected_store(topology: Topology, prefix: &str) -> RedisStore {
-    let store = RedisStore::new(&config(topology), prefix, Default::default()).unwrap();
-    store
-        .probe(Duration::from_secs(10))
-        .await
-        .expect("Redis usable");
-    store
-}
+use common::redis::connected_store;
 
 /// The store's decisions for `checks` with the script's clock at `clock`; every one must come
 /// from Redis.

@@ -26,30 +26,35 @@ pub struct ScalingFileWatch {
     pub metrics: Arc<Metrics>,
 }
 
-/// Reads and parses the scaling file: its fingerprint and factors.
-pub fn read_file(path: &PathBuf) -> Result<(u64, BTreeMap<Scope, f64>), String> {
+/// What the scaling file parses to: its factors, or why it cannot apply.
+type Parsed = Result<BTreeMap<Scope, f64>, String>;
+
+/// Reads the scaling file once: a fingerprint of the bytes read, and what those bytes parse to.
+fn read_and_parse(path: &PathBuf) -> Result<(u64, Parsed), String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut hasher = DefaultHasher::new();
     bytes.hash(&mut hasher);
-    let text = String::from_utf8(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((hasher.finish(), scaling::parse_file(path, &text)?))
+    let parsed = String::from_utf8(bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))
+        .and_then(|text| scaling::parse_file(path, &text));
+    Ok((hasher.finish(), parsed))
+}
+
+/// Reads and parses the scaling file at start-up: its fingerprint and factors.
+pub fn read_file(path: &PathBuf) -> Result<(u64, BTreeMap<Scope, f64>), String> {
+    let (fingerprint, parsed) = read_and_parse(path)?;
+    Ok((fingerprint, parsed?))
 }
 
 impl Watched for ScalingFileWatch {
-    type Content = Result<BTreeMap<Scope, f64>, String>;
+    type Content = Parsed;
 
     fn what(&self) -> String {
         format!("scaling file {}", self.path.display())
     }
 
     fn read(&self) -> Result<(u64, Self::Content), String> {
-        let bytes = std::fs::read(&self.path).map_err(|e| e.to_string())?;
-        let mut hasher = DefaultHasher::new();
-        bytes.hash(&mut hasher);
-        let parsed = String::from_utf8(bytes)
-            .map_err(|e| format!("{}: {e}", self.path.display()))
-            .and_then(|text| scaling::parse_file(&self.path, &text));
-        Ok((hasher.finish(), parsed))
+        read_and_parse(&self.path)
     }
 
     fn apply(&self, content: Self::Content) -> Result<String, Refusal> {

@@ -366,3 +366,29 @@ impl RedisSentinel {
             .collect()
     }
 }
+
+/// A Redis store on `topology` (no TLS, no password, 2 connections) whose connections are made
+/// (they are made in the background), its keys under `prefix`.
+pub async fn connected_store(
+    topology: portcullis::store::redis::Topology,
+    prefix: &str,
+) -> portcullis::store::RedisStore {
+    let config = portcullis::store::redis::RedisConfig {
+        topology,
+        tls: false,
+        ca_pem: None,
+        client_cert_pem: None,
+        skip_hostname_verification: false,
+        username: None,
+        password: None,
+        sentinel: Default::default(),
+        pool_size: 2,
+        connect_timeout: Duration::from_secs(2),
+    };
+    let store = portcullis::store::RedisStore::new(&config, prefix, Default::default()).unwrap();
+    store
+        .probe(Duration::from_secs(10))
+        .await
+        .expect("Redis usable");
+    store
+}

@@ -29,11 +29,112 @@ pub const MAX_WAITING: usize = 4096;
 
 /// One call's part of a batch: its keys, and its arguments as the script reads them per call
 /// (clock, mode, key count, six numbers per key).
-struct Job {
+pub(super) struct Job {
+    pub(super) keys: Vec<String>,
+    pub(super) args: Vec<i64>,
+    pub(super) deadline: Instant,
+    pub(super) reply: oneshot::Sender<Result<Vec<Value>, StoreError>>,
+}
+
+impl Job {
+    /// Whether its caller still waits (not past its deadline, not gone).
+    pub(super) fn wanted(&self, now: Instant) -> bool {
+        self.deadline > now && !self.reply.is_closed()
+    }
+}
+
+/// Queues one call on a dispatcher (`wrap` adds what that dispatcher routes by) and waits for
+/// its replies until `deadline`; a full queue fails the call at once.
+pub(super) async fn submit<T>(
+    queue: &mpsc::Sender<T>,
+    wrap: impl FnOnce(Job) -> T,
     keys: Vec<String>,
     args: Vec<i64>,
     deadline: Instant,
-    reply: oneshot::Sender<Result<Vec<Value>, StoreError>>,
+) -> Result<Vec<Value>, StoreError> {
+    let budget = deadline.saturating_duration_since(Instant::now());
+    let (reply, answer) = oneshot::channel();
+    let job = Job {
+        keys,
+        args,
+        deadline,
+        reply,
+    };
+    queue.try_send(wrap(job)).map_err(|e| match e {
+        mpsc::error::TrySendError::Full(_) => StoreError::Unavailable(format!(
+            "{MAX_WAITING} calls already wait for Redis; this one is not queued"
+        )),
+        mpsc::error::TrySendError::Closed(_) => {
+            StoreError::Unavailable("the Redis dispatcher has stopped".into())
+        }
+    })?;
+    match tokio::time::timeout_at(deadline, answer).await {
+        Ok(Ok(replies)) => replies,
+        Ok(Err(_)) => Err(StoreError::Unavailable(
+            "the Redis dispatcher dropped the call".into(),
+        )),
+        Err(_) => Err(StoreError::Timeout(budget)),
+    }
+}
+
+/// The jobs of one script call, merged: every key in order, the arguments with the call count
+/// first, each job with its key count (to check its reply), and the latest deadline.
+pub(super) struct Merged {
+    pub(super) keys: Vec<String>,
+    pub(super) args: Vec<i64>,
+    pub(super) jobs: Vec<(usize, Job)>,
+    pub(super) deadline: Instant,
+}
+
+pub(super) fn merge(jobs: Vec<Job>) -> Merged {
+    let deadline = jobs
+        .iter()
+        .map(|j| j.deadline)
+        .max()
+        .unwrap_or_else(Instant::now);
+    let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
+    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
+    args.push(jobs.len() as i64);
+    // Each job's key count stays for checking the reply; the keys themselves move.
+    let mut jobs: Vec<(usize, Job)> = jobs.into_iter().map(|j| (j.keys.len(), j)).collect();
+    for (_, job) in &mut jobs {
+        keys.append(&mut job.keys);
+        args.extend_from_slice(&job.args);
+    }
+    Merged {
+        keys,
+        args,
+        jobs,
+        deadline,
+    }
+}
+
+/// Hands each job its part of the script's reply (one array per call), or an error to all when
+/// the reply does not fit.
+pub(super) fn answer(jobs: Vec<(usize, Job)>, values: Vec<Value>) {
+    if values.len() != jobs.len() {
+        let error = StoreError::Protocol(format!(
+            "script answered {} calls of {}",
+            values.len(),
+            jobs.len()
+        ));
+        return fail_all(jobs, error);
+    }
+    for ((count, job), value) in jobs.into_iter().zip(values) {
+        let replies = match value {
+            Value::Array(per_key) if per_key.len() == count => Ok(per_key),
+            other => Err(StoreError::Protocol(format!(
+                "expected {count} results for a call, got {other:?}"
+            ))),
+        };
+        let _ = job.reply.send(replies);
+    }
+}
+
+pub(super) fn fail_all(jobs: Vec<(usize, Job)>, error: StoreError) {
+    for (_, job) in jobs {
+        let _ = job.reply.send(Err(error.clone()));
+    }
 }
 
 /// The sending side; cheap to clone. The dispatcher stops when the last clone is dropped.
@@ -62,29 +163,7 @@ impl Batcher {
         args: Vec<i64>,
         deadline: Instant,
     ) -> Result<Vec<Value>, StoreError> {
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            keys,
-            args,
-            deadline,
-            reply,
-        };
-        self.jobs.try_send(job).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => StoreError::Unavailable(format!(
-                "{MAX_WAITING} calls already wait for Redis; this one is not queued"
-            )),
-            mpsc::error::TrySendError::Closed(_) => {
-                StoreError::Unavailable("the Redis dispatcher has stopped".into())
-            }
-        })?;
-        match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(replies)) => replies,
-            Ok(Err(_)) => Err(StoreError::Unavailable(
-                "the Redis dispatcher dropped the call".into(),
-            )),
-            Err(_) => Err(StoreError::Timeout(budget)),
-        }
+        submit(&self.jobs, |job| job, keys, args, deadline).await
     }
 }
 
@@ -109,9 +188,7 @@ async fn dispatch(set: Arc<ConnectionSet>, mut queue: mpsc::Receiver<Job>, free:
             }
         }
         let now = Instant::now();
-        let (live, expired): (Vec<Job>, Vec<Job>) = jobs
-            .into_iter()
-            .partition(|j| j.deadline > now && !j.reply.is_closed());
+        let (live, expired): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.wanted(now));
         // Their callers have answered already (the timeout is theirs to report).
         drop(expired);
         if live.is_empty() {
@@ -127,65 +204,32 @@ async fn dispatch(set: Arc<ConnectionSet>, mut queue: mpsc::Receiver<Job>, free:
 
 /// One script call for `jobs`; every job gets its replies, or the call's error.
 async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
-    let deadline = jobs
-        .iter()
-        .map(|j| j.deadline)
-        .max()
-        .unwrap_or_else(Instant::now);
-    let fail_all = |jobs: Vec<Job>, error: StoreError| {
-        for job in jobs {
-            let _ = job.reply.send(Err(error.clone()));
-        }
-    };
+    let Merged {
+        keys,
+        args,
+        jobs,
+        deadline,
+    } = merge(jobs);
     let live = match set.get_or_wait(deadline).await {
         Ok(live) => live,
         Err(e) => return fail_all(jobs, e),
     };
     let mut conn = live.conn.clone();
-    let key_count: usize = jobs.iter().map(|j| j.keys.len()).sum();
-    let mut keys = Vec::with_capacity(key_count);
-    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
-    args.push(jobs.len() as i64);
-    // Each job's key count stays for checking the reply; the keys themselves move.
-    let mut jobs: Vec<(usize, Job)> = jobs.into_iter().map(|j| (j.keys.len(), j)).collect();
-    for (_, job) in &mut jobs {
-        keys.append(&mut job.keys);
-        args.extend_from_slice(&job.args);
-    }
     let budget = deadline.saturating_duration_since(Instant::now());
     let called =
         tokio::time::timeout_at(deadline, eval(&mut conn, &keys, &args, &Route::BySlot)).await;
     match called {
-        Ok(Ok(values)) if values.len() == jobs.len() => {
-            live.succeeded();
-            for ((count, job), value) in jobs.into_iter().zip(values) {
-                let replies = match value {
-                    Value::Array(per_key) if per_key.len() == count => Ok(per_key),
-                    other => Err(StoreError::Protocol(format!(
-                        "expected {count} results for a call, got {other:?}"
-                    ))),
-                };
-                let _ = job.reply.send(replies);
-            }
-        }
         Ok(Ok(values)) => {
-            let error = StoreError::Protocol(format!(
-                "script answered {} calls of {}",
-                values.len(),
-                jobs.len()
-            ));
-            fail_all(jobs.into_iter().map(|(_, j)| j).collect(), error);
+            live.succeeded();
+            answer(jobs, values);
         }
         Ok(Err(e)) => {
             live.failed(&e);
-            fail_all(jobs.into_iter().map(|(_, j)| j).collect(), classify(&e));
+            fail_all(jobs, classify(&e));
         }
         Err(_) => {
             live.timed_out();
-            fail_all(
-                jobs.into_iter().map(|(_, j)| j).collect(),
-                StoreError::Timeout(budget),
-            );
+            fail_all(jobs, StoreError::Timeout(budget));
         }
     }
 }

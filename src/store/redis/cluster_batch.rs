@@ -14,20 +14,14 @@ use std::collections::{HashMap, VecDeque};
 
 use redis::Value;
 use redis::cluster_async::ClusterConnection;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::batch::{MAX_CALLS, MAX_KEYS, MAX_WAITING};
+use super::batch::{
+    Job, MAX_CALLS, MAX_KEYS, MAX_WAITING, Merged, answer, fail_all, merge, submit,
+};
 use super::{classify, eval_on_cluster, is_tryagain};
 use crate::store::StoreError;
-
-/// One call's part of a batch (its keys, its arguments as the script reads one call).
-struct Job {
-    keys: Vec<String>,
-    args: Vec<i64>,
-    deadline: Instant,
-    reply: oneshot::Sender<Result<Vec<Value>, StoreError>>,
-}
 
 /// The sending side; cheap to clone. The dispatcher stops when the last clone is dropped.
 #[derive(Clone)]
@@ -57,29 +51,7 @@ impl SlotBatcher {
         args: Vec<i64>,
         deadline: Instant,
     ) -> Result<Vec<Value>, StoreError> {
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            keys,
-            args,
-            deadline,
-            reply,
-        };
-        self.jobs.try_send((slot, job)).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => StoreError::Unavailable(format!(
-                "{MAX_WAITING} calls already wait for Redis; this one is not queued"
-            )),
-            mpsc::error::TrySendError::Closed(_) => {
-                StoreError::Unavailable("the Redis Cluster dispatcher has stopped".into())
-            }
-        })?;
-        match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(replies)) => replies,
-            Ok(Err(_)) => Err(StoreError::Unavailable(
-                "the Redis Cluster dispatcher dropped the call".into(),
-            )),
-            Err(_) => Err(StoreError::Timeout(budget)),
-        }
+        submit(&self.jobs, |job| (slot, job), keys, args, deadline).await
     }
 }
 
@@ -114,7 +86,7 @@ async fn dispatch(cluster: ClusterConnection, mut queue: mpsc::Receiver<(u16, Jo
                     let Some(job) = lane.waiting.pop_front() else { break };
                     waiting -= 1;
                     // Its caller has answered already (the timeout is theirs to report).
-                    if job.deadline <= now || job.reply.is_closed() {
+                    if !job.wanted(now) {
                         continue;
                     }
                     keys += job.keys.len();
@@ -149,59 +121,29 @@ fn spawn_call(
 
 /// One script call for `jobs`; every job gets its replies, or the call's error.
 async fn send(conn: &mut ClusterConnection, jobs: Vec<Job>) {
-    let deadline = jobs
-        .iter()
-        .map(|j| j.deadline)
-        .max()
-        .unwrap_or_else(Instant::now);
-    let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
-    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
-    args.push(jobs.len() as i64);
-    let mut jobs: Vec<(usize, Job)> = jobs.into_iter().map(|j| (j.keys.len(), j)).collect();
-    for (_, job) in &mut jobs {
-        keys.append(&mut job.keys);
-        args.extend_from_slice(&job.args);
-    }
+    let Merged {
+        mut keys,
+        args,
+        jobs,
+        deadline,
+    } = merge(jobs);
     let budget = deadline.saturating_duration_since(Instant::now());
     let several = jobs.len() > 1;
     let called =
         tokio::time::timeout_at(deadline, eval_on_cluster(conn, &keys, &args, several)).await;
-    if let Ok(Err(e)) = &called
-        && several
-        && is_tryagain(e)
-    {
-        // The script did not run: each call goes on its own (its keys were moved back in).
-        let singles = jobs.into_iter().map(|(count, mut job)| {
-            let mut conn = conn.clone();
-            job.keys = keys.drain(..count).collect();
-            async move { Box::pin(send(&mut conn, vec![job])).await }
-        });
-        futures_util::future::join_all(singles).await;
-        return;
-    }
-    let error = match called {
-        Ok(Ok(values)) if values.len() == jobs.len() => {
-            for ((count, job), value) in jobs.into_iter().zip(values) {
-                let replies = match value {
-                    Value::Array(per_key) if per_key.len() == count => Ok(per_key),
-                    other => Err(StoreError::Protocol(format!(
-                        "expected {count} results for a call, got {other:?}"
-                    ))),
-                };
-                let _ = job.reply.send(replies);
-            }
-            return;
+    match called {
+        Ok(Err(e)) if several && is_tryagain(&e) => {
+            // The script did not run: each call goes on its own (its keys were moved back in).
+            let singles = jobs.into_iter().map(|(count, mut job)| {
+                let mut conn = conn.clone();
+                job.keys = keys.drain(..count).collect();
+                async move { Box::pin(send(&mut conn, vec![job])).await }
+            });
+            futures_util::future::join_all(singles).await;
         }
-        Ok(Ok(values)) => StoreError::Protocol(format!(
-            "script answered {} calls of {}",
-            values.len(),
-            jobs.len()
-        )),
-        Ok(Err(e)) => classify(&e),
-        Err(_) => StoreError::Timeout(budget),
-    };
-    for (_, job) in jobs {
-        let _ = job.reply.send(Err(error.clone()));
+        Ok(Ok(values)) => answer(jobs, values),
+        Ok(Err(e)) => fail_all(jobs, classify(&e)),
+        Err(_) => fail_all(jobs, StoreError::Timeout(budget)),
     }
 }
 

@@ -177,7 +177,7 @@ impl RedisStore {
     /// `ScriptClock::RedisTime` only (through `Store::check`); a fixed clock is for tests.
     ///
     /// All or nothing is one script on standalone and Sentinel, and on Cluster when every key
-    /// shares one hash tag (a layered descriptor's limits). Otherwise, on Cluster, the keys of one
+    /// is in one slot (a layered descriptor's limits). Otherwise, on Cluster, the keys of one
     /// call live in different slots, so it is two steps: every charge is first looked at (nothing
     /// written); only if all would pass are they charged, each in its own script. What that
     /// guarantees: a call refused by a descriptor at the first step charges nothing; a call that
@@ -255,7 +255,7 @@ impl RedisStore {
         batcher.call(slot, keys, args, deadline).await
     }
 
-    /// Cluster, all or nothing: one script call, atomic, when every key shares a hash tag (the
+    /// Cluster, all or nothing: one script call, atomic, when every key is in one slot (the
     /// limits of one layered descriptor); else look at every charge, then charge only if all
     /// would pass.
     async fn all_or_nothing_cluster(
@@ -268,7 +268,7 @@ impl RedisStore {
             && !rest.is_empty()
             && rest
                 .iter()
-                .all(|c| hash_tag(&c.key).is_some() && hash_tag(&c.key) == hash_tag(&first.key))
+                .all(|c| cluster_batch::slot_of(&c.key) == cluster_batch::slot_of(&first.key))
         {
             return match self
                 .eval_slot(checks, clock, ChargeMode::AllOrNothing, deadline)
@@ -472,13 +472,6 @@ async fn eval_on_cluster(
             other => return other,
         }
     }
-}
-
-/// The `{…}` of a counter key: the part Redis Cluster hashes to a slot.
-fn hash_tag(key: &str) -> Option<&str> {
-    let open = key.find('{')?;
-    let close = open + key[open..].find('}')?;
-    (close > open + 1).then(|| &key[open..=close])
 }
 
 /// EVALSHA, and EVAL on NOSCRIPT (a restarted or promoted node has an empty script cache; EVAL
