@@ -1,5 +1,5 @@
 -- check: the checks of one or more calls, in one script call (one round trip): the calls of a
--- batch, applied in order, each decided on its own. Appended to the three algorithm files, which
+-- batch, applied in order, each decided on its own, each key's state read once and written once. Appended to the three algorithm files, which
 -- define the functions it dispatches to.
 --
 -- KEYS: every call's counter keys, call after call; all must hash to one slot in Cluster mode
@@ -25,23 +25,73 @@ local function clock(arg)
   return redis_now
 end
 
+-- The state of every key this script call has read, kept between its calls and written once at
+-- the end: the calls on a hot key cost one read and one write per script call, not per call. A
+-- held state is good for one operation, clock reading and parameter (sub-window, rate, window);
+-- a call that differs (a test's own clock, a rate changed by a reload between two calls) writes
+-- it back and reads again, and a refund writes it back first: every decision is the one the
+-- calls would get one by one.
+local held, held_keys = {}, {}
+
+local function flush(key, h)
+  if h.op == 1 then
+    sliding_flush(key, h.s, h.now, h.p)
+  elseif h.op == 2 then
+    bucket_flush(key, h.s, h.now, h.p)
+  else
+    fixed_flush(key, h.s, h.now, h.p)
+  end
+end
+
+local function release(key)
+  local h = held[key]
+  if h ~= nil then
+    flush(key, h)
+    held[key] = nil
+  end
+end
+
+local function flush_all()
+  for i = 1, #held_keys do release(held_keys[i]) end
+end
+
+local function state(key, op, now, p)
+  local h = held[key]
+  if h ~= nil and h.op == op and h.now == now and h.p == p then return h.s end
+  if h ~= nil then flush(key, h) else held_keys[#held_keys + 1] = key end
+  local s
+  if op == 1 then
+    s = sliding_open(key, now, p)
+  elseif op == 2 then
+    s = bucket_open(key, p)
+  else
+    s = fixed_open(key, now, p)
+  end
+  held[key] = {op = op, now = now, p = p, s = s}
+  return s
+end
+
 -- Runs the operation whose six numbers start at ARGV[a] on KEYS[k].
 local function run(k, a, now, commit)
   local op = tonumber(ARGV[a])
   local p, q, r, s, t = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
     tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local key = KEYS[k]
   if op == 1 then
-    return sliding_window(KEYS[k], now, p, q, r, commit)
+    return sliding_window(state(key, 1, now, p), key, now, q, r, commit)
   elseif op == 2 then
-    return token_bucket(KEYS[k], now, p, q, r, s, t, commit)
+    return token_bucket(state(key, 2, now, p), now, q, r, s, t, p, commit)
   elseif op == 3 then
-    return fixed_window(KEYS[k], now, p, q, r, commit)
+    return fixed_window(state(key, 3, now, p), now, q, r, commit)
   elseif op == 11 then
-    return sliding_refund(KEYS[k], now, p, r, commit)
+    release(key)
+    return sliding_refund(key, now, p, r, commit)
   elseif op == 12 then
-    return bucket_refund(KEYS[k], now, p, q, r, commit)
+    release(key)
+    return bucket_refund(key, now, p, q, r, commit)
   elseif op == 13 then
-    return fixed_refund(KEYS[k], now, p, r, commit)
+    release(key)
+    return fixed_refund(key, now, p, r, commit)
   end
   return redis.error_reply('portcullis: unknown operation ' .. tostring(ARGV[a]))
 end
@@ -58,7 +108,7 @@ for call = 1, tonumber(ARGV[1]) do
     for i = 0, count - 1 do
       if tonumber(ARGV[a + 6 * i]) < 10 then
         local looked = run(k + i, a + 6 * i, now, false)
-        if looked.err then return looked end
+        if looked.err then flush_all() return looked end
         if looked[1] == 0 then commit_charges = false end
       end
     end
@@ -67,11 +117,13 @@ for call = 1, tonumber(ARGV[1]) do
   for i = 0, count - 1 do
     local refund = tonumber(ARGV[a + 6 * i]) > 10
     local result = run(k + i, a + 6 * i, now, mode ~= 2 and (refund or commit_charges))
-    if result.err then return result end
+    -- What earlier calls were admitted is written before the error goes back.
+    if result.err then flush_all() return result end
     results[i + 1] = result
   end
   out[call] = results
   a = a + 6 * count
   k = k + count
 end
+flush_all()
 return out

@@ -1,9 +1,11 @@
--- fixed_window(key, now_us, window_us, limit, hits, commit)
+-- fixed_open(key, now_us, window_us) -> state; fixed_window(state, now_us, limit, hits, commit)
+-- -> reply; fixed_flush(key, state, now_us, window_us)
 --
 -- The state transition of algorithm::fixed_window, on a hash {w = window index since the epoch,
 -- c = hits admitted in it}. A window index below the stored one (the clock stepped back) keeps
 -- counting in the stored window. Nothing is written when `commit` is false, when the hits are
--- refused, or when there are none.
+-- refused, or when there are none; the state is read once and written once per key per script
+-- call (check.lua keeps it between the calls).
 --
 -- Returns {allowed (0|1), now_us, window, count} (the state after the check).
 -- TTL: until the window ends.
@@ -29,16 +31,26 @@ local function fixed_store(key, now, window_us, window, count, stored_window)
   end
 end
 
-local function fixed_window(key, now, window_us, limit, hits, commit)
+-- The counter of `key` at `now`, held by check.lua for every call of the script call at the
+-- same clock reading; written once by fixed_flush.
+local function fixed_open(key, now, window_us)
   local window, count, stored_window = fixed_load(key, now, window_us)
-  if hits <= math.max(limit - count, 0) then
+  return {window = window, count = count, stored_window = stored_window, dirty = false}
+end
+
+local function fixed_window(s, now, limit, hits, commit)
+  if hits <= math.max(limit - s.count, 0) then
     if hits > 0 and commit then
-      count = count + hits
-      fixed_store(key, now, window_us, window, count, stored_window)
+      s.count = s.count + hits
+      s.dirty = true
     end
-    return {1, now, window, count}
+    return {1, now, s.window, s.count}
   end
-  return {0, now, window, count}
+  return {0, now, s.window, s.count}
+end
+
+local function fixed_flush(key, s, now, window_us)
+  if s.dirty then fixed_store(key, now, window_us, s.window, s.count, s.stored_window) end
 end
 
 -- fixed_refund(key, now_us, window_us, hits, commit): `hits` back to the current window's

@@ -1,4 +1,5 @@
--- sliding_window(key, now_us, sub_window_us, limit, hits, commit)
+-- sliding_open(key, now_us, sub_window_us) -> state; sliding_window(state, key, now_us, limit,
+-- hits, commit) -> reply; sliding_flush(key, state, now_us, sub_window_us)
 --
 -- The state transition of algorithm::sliding_window, on a hash: one field per live sub-window
 -- (its index since the epoch = the hits admitted in it), and three bookkeeping fields: `t` the
@@ -8,7 +9,8 @@
 -- reads a few fields, never all of them. A sub-window index below `n` (the clock stepped back,
 -- e.g. a failover to a replica whose clock is behind) counts into `n`: never hand out budget
 -- twice. Only admitted hits write (and delete the fields that left): a refusal, a call of no
--- hits, or `commit` false write nothing, as the memory store leaves its entry.
+-- hits, or `commit` false write nothing, as the memory store leaves its entry. The state is read
+-- once and written once per key per script call (check.lua keeps it between the calls).
 --
 -- Returns {1, now_us, total, l} when the hits pass (Rust needs no more), and
 -- {0, now_us, total, l, index1, count1, index2, count2, ...} (the live sub-windows) when they do
@@ -63,31 +65,57 @@ local function sliding_pairs(key, newest)
   return pairs
 end
 
-local function sliding_window(key, now, sub_us, limit, hits, commit)
+-- The state of `key` at `now`, held by check.lua for every call of the script call at the same
+-- clock reading: what was read, and what the admitted hits changed (only the newest sub-window,
+-- the total and `l`), written once by sliding_flush.
+local function sliding_open(key, now, sub_us)
   local current = (now - math.fmod(now, sub_us)) / sub_us
   local total, newest, count, last, leaving = sliding_load(key, current)
-  if hits > math.max(limit - total, 0) then
-    -- Refused: nothing written.
-    local out = {0, now, total, last}
-    local pairs = sliding_pairs(key, newest)
-    for i = 1, #pairs do out[#out + 1] = pairs[i] end
+  return {total = total, newest = newest, count = count, last = last, loaded_last = last,
+    leaving = leaving, dirty = false, stored = nil}
+end
+
+local function sliding_window(s, key, now, limit, hits, commit)
+  if hits > math.max(limit - s.total, 0) then
+    -- Refused: nothing changes. The live sub-windows as stored (read once per script call), the
+    -- newest one as it stands now.
+    if s.stored == nil then s.stored = sliding_pairs(key, s.newest) end
+    local out = {0, now, s.total, s.last}
+    for i = 1, #s.stored, 2 do
+      if s.stored[i] ~= s.newest then
+        out[#out + 1] = s.stored[i]
+        out[#out + 1] = s.stored[i + 1]
+      end
+    end
+    if s.count > 0 then
+      out[#out + 1] = s.newest
+      out[#out + 1] = s.count
+    end
     return out
   end
   if commit and hits > 0 then
-    if leaving == true then
-      redis.call('DEL', key)
-    elseif leaving ~= nil and #leaving > 0 then
-      redis.call('HDEL', key, unpack(leaving))
-    end
-    total = total + hits
-    redis.call('HSET', key, index_name(newest), index_name(count + hits), 't', index_name(total),
-      'n', index_name(newest), 'l', index_name(newest))
-    if last ~= newest then
-      redis.call('PEXPIREAT', key, expire_at_ms(now, (newest + SLOTS) * sub_us - now))
-    end
-    last = newest
+    s.count = s.count + hits
+    s.total = s.total + hits
+    s.last = s.newest
+    s.dirty = true
   end
-  return {1, now, total, last}
+  return {1, now, s.total, s.last}
+end
+
+-- Writes what the admitted hits changed, if any: the fields that left go, the newest sub-window,
+-- the total and the bookkeeping fields are set, and the TTL moves when `l` did.
+local function sliding_flush(key, s, now, sub_us)
+  if not s.dirty then return end
+  if s.leaving == true then
+    redis.call('DEL', key)
+  elseif s.leaving ~= nil and #s.leaving > 0 then
+    redis.call('HDEL', key, unpack(s.leaving))
+  end
+  redis.call('HSET', key, index_name(s.newest), index_name(s.count), 't', index_name(s.total),
+    'n', index_name(s.newest), 'l', index_name(s.newest))
+  if s.loaded_last ~= s.newest then
+    redis.call('PEXPIREAT', key, expire_at_ms(now, (s.newest + SLOTS) * sub_us - now))
+  end
 end
 
 -- sliding_refund(key, now_us, sub_window_us, hits, commit): `hits` taken back from the newest

@@ -1,4 +1,5 @@
--- token_bucket(key, now_us, requests, cost_q, cost_r, tolerance_q, tolerance_r, commit)
+-- bucket_open(key, requests) -> state; token_bucket(state, now_us, cost_q, cost_r, tolerance_q,
+-- tolerance_r, requests, commit) -> reply; bucket_flush(key, state, now_us, requests)
 --
 -- The state transition of algorithm::token_bucket (GCRA), on a hash {t = TAT whole microseconds,
 -- f = fraction in units of 1/r us, r = the requests f is counted in}. Rust splits the cost
@@ -7,7 +8,8 @@
 -- where Lua's doubles are exact. A fraction counted in another rate (a reload changed the rule's
 -- number) is first rounded up to a whole microsecond, as `at_rate` does.
 -- cost_q = -1 means the hits exceed the burst: refused without touching the state. Nothing is
--- written when `commit` is false, when the hits are refused, or when there are none.
+-- written when `commit` is false, when the hits are refused, or when there are none; the state is
+-- read once and written once per key per script call (check.lua keeps it between the calls).
 --
 -- Returns {allowed (0|1), now_us, tat_us, frac} (the state after the check, frac in `requests`).
 -- TTL: until the bucket is full again (TAT), rounded up to the millisecond.
@@ -26,8 +28,15 @@ local function bucket_store(key, now, requests, tat, frac)
   redis.call('PEXPIREAT', key, expire_at_ms(now, ttl_us))
 end
 
-local function token_bucket(key, now, requests, cost_q, cost_r, tol_q, tol_r, commit)
+-- The bucket of `key` in `requests`, held by check.lua for every call of the script call at
+-- the same clock reading and rate; written once by bucket_flush.
+local function bucket_open(key, requests)
   local tat, frac = bucket_load(key, requests)
+  return {tat = tat, frac = frac, dirty = false}
+end
+
+local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, commit)
+  local tat, frac = s.tat, s.frac
   if cost_q < 0 then return {0, now, tat, frac} end
   local base_t, base_f = now, 0
   if tat > now or (tat == now and frac > 0) then base_t, base_f = tat, frac end
@@ -38,12 +47,16 @@ local function token_bucket(key, now, requests, cost_q, cost_r, tol_q, tol_r, co
   local next_t = base_t + cost_q + carry
   local ahead = next_t - now
   if ahead < tol_q or (ahead == tol_q and next_f <= tol_r) then
-    -- Nothing spent (no hits), or only looking: nothing written.
+    -- Nothing spent (no hits), or only looking: nothing changes.
     if not commit or (cost_q == 0 and cost_r == 0) then return {1, now, tat, frac} end
-    bucket_store(key, now, requests, next_t, next_f)
+    s.tat, s.frac, s.dirty = next_t, next_f, true
     return {1, now, next_t, next_f}
   end
   return {0, now, tat, frac}
+end
+
+local function bucket_flush(key, s, now, requests)
+  if s.dirty then bucket_store(key, now, requests, s.tat, s.frac) end
 end
 
 -- bucket_refund(key, now_us, requests, back_q, back_r, commit): TAT moves earlier by the span of

@@ -354,12 +354,7 @@ impl RedisStore {
     ) -> (Vec<String>, Vec<i64>) {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
         let mut args: Vec<i64> = Vec::with_capacity(3 + checks.len() * script::ARGS_PER_KEY);
-        args.push(i64::try_from(clock.arg()).unwrap_or(i64::MAX));
-        args.push(script::mode_arg(mode));
-        args.push(checks.len() as i64);
-        for check in checks {
-            script::push_args(check, &mut args);
-        }
+        script::push_call(checks, clock, mode, &mut args);
         (keys, args)
     }
 

@@ -58,6 +58,17 @@ impl ScriptClock {
     }
 }
 
+/// Pushes one call as the script reads it: its clock, its mode, its key count, then six numbers
+/// per check. A script call carries the number of calls first, then its calls one after another.
+pub fn push_call(checks: &[&Check], clock: ScriptClock, mode: ChargeMode, args: &mut Vec<i64>) {
+    args.push(i64::try_from(clock.arg()).unwrap_or(i64::MAX));
+    args.push(mode_arg(mode));
+    args.push(checks.len() as i64);
+    for check in checks {
+        push_args(check, args);
+    }
+}
+
 /// Pushes the six numbers of one check. Hits above the limit's capacity are clamped to one more
 /// than the capacity: they are refused either way, and every number stays exact in a Lua double.
 pub fn push_args(check: &Check, args: &mut Vec<i64>) {
