@@ -12,6 +12,12 @@ use portcullis::rules::{self, LoadOptions, Lookup, MatchKind};
 use portcullis::settings::{self, Cli, Command, Settings};
 use portcullis::{server, telemetry};
 
+// Calls allocate on one worker thread and free on another (a call's keys go to the Redis
+// dispatcher, its replies come back); glibc's malloc then contends on its arena locks.
+// mimalloc's per-thread heaps do not (BENCHMARKS.md: "allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // The image's `/bin/ratelimit`: a Deployment written for envoyproxy/ratelimit runs it with no
     // arguments and configures it through the Go service's environment variables.
