@@ -1,6 +1,6 @@
 -- check: the checks of one or more calls, in one script call (one round trip): the calls of a
--- batch, applied in order, each decided on its own, each key's state read once and written once. Appended to the three algorithm files, which
--- define the functions it dispatches to.
+-- batch, applied in order, each decided on its own, each key's state read once and written once.
+-- Appended to the three algorithm files, which define the functions it dispatches to.
 --
 -- KEYS: every call's counter keys, call after call; all must hash to one slot in Cluster mode
 --       (each script call from Portcullis in Cluster mode carries a single key).
@@ -13,7 +13,9 @@
 --   its number of keys;
 --   for each of its keys, the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the same
 --       algorithms' refunds) and five numbers whose meaning is the operation's.
--- Returns one array per call, holding one array per key, as each algorithm function documents.
+-- Returns one string: the calls separated by ';', each call's keys by ',', each key's numbers by
+-- ' ' (common.lua's `reply`), as each algorithm function documents. An error reply (a table) ends
+-- the script call after what was admitted is written.
 local redis_now = nil
 local function clock(arg)
   local now = tonumber(arg)
@@ -108,8 +110,8 @@ for call = 1, tonumber(ARGV[1]) do
     for i = 0, count - 1 do
       if tonumber(ARGV[a + 6 * i]) < 10 then
         local looked = run(k + i, a + 6 * i, now, false)
-        if looked.err then flush_all() return looked end
-        if looked[1] == 0 then commit_charges = false end
+        if type(looked) == 'table' then flush_all() return looked end
+        if string.byte(looked, 1) == 48 then commit_charges = false end -- '0': refused
       end
     end
   end
@@ -118,12 +120,12 @@ for call = 1, tonumber(ARGV[1]) do
     local refund = tonumber(ARGV[a + 6 * i]) > 10
     local result = run(k + i, a + 6 * i, now, mode ~= 2 and (refund or commit_charges))
     -- What earlier calls were admitted is written before the error goes back.
-    if result.err then flush_all() return result end
+    if type(result) == 'table' then flush_all() return result end
     results[i + 1] = result
   end
-  out[call] = results
+  out[call] = table.concat(results, ',')
   a = a + 6 * count
   k = k + count
 end
 flush_all()
-return out
+return table.concat(out, ';')

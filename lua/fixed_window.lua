@@ -7,7 +7,8 @@
 -- refused, or when there are none; the state is read once and written once per key per script
 -- call (check.lua keeps it between the calls).
 --
--- Returns {allowed (0|1), now_us, window, count} (the state after the check).
+-- Replies (common.lua's `reply`: numbers in a string) {allowed (0|1), now_us, window, count}, the
+-- state after the check.
 -- TTL: until the window ends.
 local function fixed_load(key, now, window_us)
   local current = (now - math.fmod(now, window_us)) / window_us
@@ -44,9 +45,9 @@ local function fixed_window(s, now, limit, hits, commit)
       s.count = s.count + hits
       s.dirty = true
     end
-    return {1, now, s.window, s.count}
+    return reply(1, now, s.window, s.count)
   end
-  return {0, now, s.window, s.count}
+  return reply(0, now, s.window, s.count)
 end
 
 local function fixed_flush(key, s, now, window_us)
@@ -63,5 +64,5 @@ local function fixed_refund(key, now, window_us, hits, commit)
     count = math.max(count - hits, 0)
     fixed_store(key, now, window_us, window, count, stored_window)
   end
-  return {1, now, window, count}
+  return reply(1, now, window, count)
 end

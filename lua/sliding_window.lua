@@ -12,9 +12,9 @@
 -- hits, or `commit` false write nothing, as the memory store leaves its entry. The state is read
 -- once and written once per key per script call (check.lua keeps it between the calls).
 --
--- Returns {1, now_us, total, l} when the hits pass (Rust needs no more), and
--- {0, now_us, total, l, index1, count1, index2, count2, ...} (the live sub-windows) when they do
--- not, for the retry time; Rust derives remaining/reset/retry with the memory store's code.
+-- Replies (common.lua's `reply`: numbers in a string) {1, now_us, total, l} when the hits pass
+-- (Rust needs no more), and {0, now_us, total, l, index1, count1, index2, count2, ...} (the live
+-- sub-windows) when they do not, for the retry time; Rust derives remaining/reset/retry with the memory store's code.
 -- TTL: until the newest sub-window holding hits leaves the window, (l + SLOTS) * sub_window_us;
 -- set when `l` moves, so a call within the same sub-window writes no TTL.
 local SUB_WINDOWS = 60
@@ -80,18 +80,14 @@ local function sliding_window(s, key, now, limit, hits, commit)
     -- Refused: nothing changes. The live sub-windows as stored (read once per script call), the
     -- newest one as it stands now.
     if s.stored == nil then s.stored = sliding_pairs(key, s.newest) end
-    local out = {0, now, s.total, s.last}
+    local out = {reply(0, now, s.total, s.last)}
     for i = 1, #s.stored, 2 do
       if s.stored[i] ~= s.newest then
-        out[#out + 1] = s.stored[i]
-        out[#out + 1] = s.stored[i + 1]
+        out[#out + 1] = string.format('%d %d', s.stored[i], s.stored[i + 1])
       end
     end
-    if s.count > 0 then
-      out[#out + 1] = s.newest
-      out[#out + 1] = s.count
-    end
-    return out
+    if s.count > 0 then out[#out + 1] = string.format('%d %d', s.newest, s.count) end
+    return table.concat(out, ' ')
   end
   if commit and hits > 0 then
     s.count = s.count + hits
@@ -99,7 +95,7 @@ local function sliding_window(s, key, now, limit, hits, commit)
     s.last = s.newest
     s.dirty = true
   end
-  return {1, now, s.total, s.last}
+  return reply(1, now, s.total, s.last)
 end
 
 -- Writes what the admitted hits changed, if any: the fields that left go, the newest sub-window,
@@ -130,7 +126,7 @@ local function sliding_refund(key, now, sub_us, hits, commit)
   for i = 2, #live, 2 do total = total + live[i] end
   local last = 0
   for i = 1, #live, 2 do if live[i] > last then last = live[i] end end
-  if not commit then return {1, now, total, last} end
+  if not commit then return reply(1, now, total, last) end
   -- Pairs are in hash order: take from the highest index down.
   local order = {}
   for i = 1, #live, 2 do order[#order + 1] = i end
@@ -158,5 +154,5 @@ local function sliding_refund(key, now, sub_us, hits, commit)
       'l', index_name(kept_last), unpack(fields))
     redis.call('PEXPIREAT', key, expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
   end
-  return {1, now, kept_total, kept_last}
+  return reply(1, now, kept_total, kept_last)
 end

@@ -11,7 +11,8 @@
 -- written when `commit` is false, when the hits are refused, or when there are none; the state is
 -- read once and written once per key per script call (check.lua keeps it between the calls).
 --
--- Returns {allowed (0|1), now_us, tat_us, frac} (the state after the check, frac in `requests`).
+-- Replies (common.lua's `reply`: numbers in a string) {allowed (0|1), now_us, tat_us, frac}, the
+-- state after the check (frac in `requests`).
 -- TTL: until the bucket is full again (TAT), rounded up to the millisecond.
 local function bucket_load(key, requests)
   local stored = redis.call('HMGET', key, 't', 'f', 'r')
@@ -37,7 +38,7 @@ end
 
 local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, commit)
   local tat, frac = s.tat, s.frac
-  if cost_q < 0 then return {0, now, tat, frac} end
+  if cost_q < 0 then return reply(0, now, tat, frac) end
   local base_t, base_f = now, 0
   if tat > now or (tat == now and frac > 0) then base_t, base_f = tat, frac end
   local next_f = base_f + cost_r
@@ -48,11 +49,11 @@ local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, comm
   local ahead = next_t - now
   if ahead < tol_q or (ahead == tol_q and next_f <= tol_r) then
     -- Nothing spent (no hits), or only looking: nothing changes.
-    if not commit or (cost_q == 0 and cost_r == 0) then return {1, now, tat, frac} end
+    if not commit or (cost_q == 0 and cost_r == 0) then return reply(1, now, tat, frac) end
     s.tat, s.frac, s.dirty = next_t, next_f, true
-    return {1, now, next_t, next_f}
+    return reply(1, now, next_t, next_f)
   end
-  return {0, now, tat, frac}
+  return reply(0, now, tat, frac)
 end
 
 local function bucket_flush(key, s, now, requests)
@@ -63,15 +64,15 @@ end
 -- the hits given back, never before now (algorithm::token_bucket::refund). Always allowed.
 local function bucket_refund(key, now, requests, back_q, back_r, commit)
   local tat, frac = bucket_load(key, requests)
-  if not commit then return {1, now, tat, frac} end
+  if not commit then return reply(1, now, tat, frac) end
   local borrow = 0
   if frac < back_r then borrow = 1 end
   frac = frac + borrow * requests - back_r
   tat = tat - back_q - borrow
   if tat < now or (tat == now and frac == 0) then
     redis.call('DEL', key)
-    return {1, now, 0, 0}
+    return reply(1, now, 0, 0)
   end
   bucket_store(key, now, requests, tat, frac)
-  return {1, now, tat, frac}
+  return reply(1, now, tat, frac)
 end

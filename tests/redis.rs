@@ -1214,7 +1214,7 @@ async fn one_script_call(
         let refs: Vec<&Check> = checks.iter().collect();
         script::push_call(&refs, ScriptClock::Fixed(*now), *mode, &mut args);
     }
-    let replies: Vec<redis::Value> = redis::cmd("EVAL")
+    let reply: redis::Value = redis::cmd("EVAL")
         .arg(script::SOURCE)
         .arg(keys.len())
         .arg(&keys)
@@ -1222,19 +1222,17 @@ async fn one_script_call(
         .query_async(conn)
         .await
         .expect("the script runs");
+    let replies = script::parse_reply(&reply).expect("the script's reply parses");
     assert_eq!(replies.len(), calls.len());
     calls
         .iter()
         .zip(replies)
-        .map(|((checks, _, _), reply)| {
-            let redis::Value::Array(per_key) = reply else {
-                panic!("one array per call, got {reply:?}")
-            };
+        .map(|((checks, _, _), per_key)| {
             assert_eq!(per_key.len(), checks.len());
             checks
                 .iter()
                 .zip(&per_key)
-                .map(|(check, value)| script::decision(check, value).expect("a decision"))
+                .map(|(check, numbers)| script::decision(check, numbers).expect("a decision"))
                 .collect()
         })
         .collect()

@@ -12,11 +12,11 @@
 
 use std::sync::Arc;
 
-use redis::Value;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::connection::ConnectionSet;
+use super::script::{self, Replies};
 use super::{Route, classify, eval};
 use crate::store::StoreError;
 
@@ -33,7 +33,7 @@ pub(super) struct Job {
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<i64>,
     pub(super) deadline: Instant,
-    pub(super) reply: oneshot::Sender<Result<Vec<Value>, StoreError>>,
+    pub(super) reply: oneshot::Sender<Result<Vec<Vec<u64>>, StoreError>>,
 }
 
 impl Job {
@@ -51,7 +51,7 @@ pub(super) async fn submit<T>(
     keys: Vec<String>,
     args: Vec<i64>,
     deadline: Instant,
-) -> Result<Vec<Value>, StoreError> {
+) -> Result<Vec<Vec<u64>>, StoreError> {
     let budget = deadline.saturating_duration_since(Instant::now());
     let (reply, answer) = oneshot::channel();
     let job = Job {
@@ -109,23 +109,29 @@ pub(super) fn merge(jobs: Vec<Job>) -> Merged {
     }
 }
 
-/// Hands each job its part of the script's reply (one array per call), or an error to all when
-/// the reply does not fit.
-pub(super) fn answer(jobs: Vec<(usize, Job)>, values: Vec<Value>) {
-    if values.len() != jobs.len() {
+/// Hands each job its part of the script's reply (one entry per call), or an error to all when
+/// the reply does not parse or fit.
+pub(super) fn answer(jobs: Vec<(usize, Job)>, reply: &redis::Value) {
+    let calls: Replies = match script::parse_reply(reply) {
+        Ok(calls) => calls,
+        Err(e) => return fail_all(jobs, e),
+    };
+    if calls.len() != jobs.len() {
         let error = StoreError::Protocol(format!(
             "script answered {} calls of {}",
-            values.len(),
+            calls.len(),
             jobs.len()
         ));
         return fail_all(jobs, error);
     }
-    for ((count, job), value) in jobs.into_iter().zip(values) {
-        let replies = match value {
-            Value::Array(per_key) if per_key.len() == count => Ok(per_key),
-            other => Err(StoreError::Protocol(format!(
-                "expected {count} results for a call, got {other:?}"
-            ))),
+    for ((count, job), per_key) in jobs.into_iter().zip(calls) {
+        let replies = if per_key.len() == count {
+            Ok(per_key)
+        } else {
+            Err(StoreError::Protocol(format!(
+                "expected {count} results for a call, got {}",
+                per_key.len()
+            )))
         };
         let _ = job.reply.send(replies);
     }
@@ -162,7 +168,7 @@ impl Batcher {
         keys: Vec<String>,
         args: Vec<i64>,
         deadline: Instant,
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Result<Vec<Vec<u64>>, StoreError> {
         submit(&self.jobs, |job| job, keys, args, deadline).await
     }
 }
@@ -219,9 +225,9 @@ async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
     let called =
         tokio::time::timeout_at(deadline, eval(&mut conn, &keys, &args, &Route::BySlot)).await;
     match called {
-        Ok(Ok(values)) => {
+        Ok(Ok(reply)) => {
             live.succeeded();
-            answer(jobs, values);
+            answer(jobs, &reply);
         }
         Ok(Err(e)) => {
             live.failed(&e);

@@ -12,7 +12,6 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use redis::Value;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -50,7 +49,7 @@ impl SlotBatcher {
         keys: Vec<String>,
         args: Vec<i64>,
         deadline: Instant,
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Result<Vec<Vec<u64>>, StoreError> {
         submit(&self.jobs, |job| (slot, job), keys, args, deadline).await
     }
 }
@@ -141,7 +140,7 @@ async fn send(conn: &mut ClusterConnection, jobs: Vec<Job>) {
             });
             futures_util::future::join_all(singles).await;
         }
-        Ok(Ok(values)) => answer(jobs, values),
+        Ok(Ok(reply)) => answer(jobs, &reply),
         Ok(Err(e)) => fail_all(jobs, classify(&e)),
         Err(_) => fail_all(jobs, StoreError::Timeout(budget)),
     }

@@ -192,7 +192,7 @@ impl RedisStore {
     ) -> Answers {
         // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis.
         let counted: Vec<&Check> = checks.iter().filter(|c| c.limit.requests > 0).collect();
-        let mut replies: Vec<Result<Value, StoreError>> = match &self.backend {
+        let mut replies: Vec<Result<Vec<u64>, StoreError>> = match &self.backend {
             Backend::Pool(_) => self.eval_pooled(&counted, clock, deadline, mode).await,
             Backend::Cluster(_) => match mode {
                 ChargeMode::AllOrNothing => {
@@ -228,7 +228,7 @@ impl RedisStore {
         clock: ScriptClock,
         deadline: Instant,
         mode: ChargeMode,
-    ) -> Vec<Result<Value, StoreError>> {
+    ) -> Vec<Result<Vec<u64>, StoreError>> {
         let calls = checks.iter().map(|check| async move {
             let mut values = self.eval_slot(&[check], clock, mode, deadline).await?;
             values
@@ -246,7 +246,7 @@ impl RedisStore {
         clock: ScriptClock,
         mode: ChargeMode,
         deadline: Instant,
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Result<Vec<Vec<u64>>, StoreError> {
         let Some(batcher) = &self.slot_batcher else {
             return Err(StoreError::Protocol("no Cluster dispatcher".into()));
         };
@@ -263,7 +263,7 @@ impl RedisStore {
         checks: &[&Check],
         clock: ScriptClock,
         deadline: Instant,
-    ) -> Vec<Result<Value, StoreError>> {
+    ) -> Vec<Result<Vec<u64>, StoreError>> {
         if let Some((first, rest)) = checks.split_first()
             && !rest.is_empty()
             && rest
@@ -290,10 +290,7 @@ impl RedisStore {
             .each_on_cluster(checks, clock, deadline, ChargeMode::Probe)
             .await;
         let all_pass = checks.iter().zip(&looked).all(|(check, answer)| {
-            check.refund
-                || answer
-                    .as_ref()
-                    .is_ok_and(|reply| script::allowed(reply).unwrap_or(false))
+            check.refund || answer.as_ref().is_ok_and(|reply| script::allowed(reply))
         });
         // Refunds always apply; charges only when every one would pass.
         let to_run: Vec<&Check> = checks
@@ -330,7 +327,7 @@ impl RedisStore {
         clock: ScriptClock,
         deadline: Instant,
         mode: ChargeMode,
-    ) -> Vec<Result<Value, StoreError>> {
+    ) -> Vec<Result<Vec<u64>, StoreError>> {
         if checks.is_empty() {
             return Vec::new();
         }
@@ -446,7 +443,7 @@ async fn eval_on_cluster(
     keys: &[String],
     args: &[i64],
     split_on_tryagain: bool,
-) -> Result<Vec<Value>, RedisError> {
+) -> Result<Value, RedisError> {
     let mut route = Route::BySlot;
     let mut attempt = 1;
     loop {
@@ -478,7 +475,7 @@ async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
     keys: &[String],
     args: &[i64],
     route: &Route,
-) -> Result<Vec<Value>, RedisError> {
+) -> Result<Value, RedisError> {
     let build = |verb: &str, body: &str| {
         let mut cmd = redis::cmd(verb);
         cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
@@ -498,30 +495,18 @@ async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
 
 /// Sending a command by slot, or to a named node on Cluster.
 trait RoutedConn {
-    async fn send_routed(
-        &mut self,
-        cmd: redis::Cmd,
-        route: &Route,
-    ) -> Result<Vec<Value>, RedisError>;
+    async fn send_routed(&mut self, cmd: redis::Cmd, route: &Route) -> Result<Value, RedisError>;
 }
 
 impl RoutedConn for redis::aio::MultiplexedConnection {
-    async fn send_routed(
-        &mut self,
-        cmd: redis::Cmd,
-        _route: &Route,
-    ) -> Result<Vec<Value>, RedisError> {
+    async fn send_routed(&mut self, cmd: redis::Cmd, _route: &Route) -> Result<Value, RedisError> {
         cmd.query_async(self).await
     }
 }
 
 impl RoutedConn for redis::cluster_async::ClusterConnection {
-    async fn send_routed(
-        &mut self,
-        cmd: redis::Cmd,
-        route: &Route,
-    ) -> Result<Vec<Value>, RedisError> {
-        let values = match route {
+    async fn send_routed(&mut self, cmd: redis::Cmd, route: &Route) -> Result<Value, RedisError> {
+        let value = match route {
             Route::BySlot => return cmd.query_async(self).await,
             Route::Moved(host, port) => {
                 let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
@@ -543,7 +528,7 @@ impl RoutedConn for redis::cluster_async::ClusterConnection {
                 replies.pop().unwrap_or(Value::Nil).extract_error()?
             }
         };
-        redis::from_redis_value(values).map_err(RedisError::from)
+        Ok(value)
     }
 }
 

@@ -151,32 +151,62 @@ fn protocol(message: impl Into<String>) -> StoreError {
     StoreError::Protocol(message.into())
 }
 
-fn integers(value: &Value) -> Result<Vec<u64>, StoreError> {
-    let Value::Array(items) = value else {
-        return Err(protocol(format!(
-            "expected an array per key, got {value:?}"
-        )));
+/// The script's reply, split: one entry per call, holding one list of numbers per key.
+pub type Replies = Vec<Vec<Vec<u64>>>;
+
+/// Splits the script's one-string reply (calls by ';', keys by ',', numbers by ' '; see
+/// `lua/common.lua`) into numbers; anything else is a protocol error, never a panic.
+pub fn parse_reply(value: &Value) -> Result<Replies, StoreError> {
+    let bytes: &[u8] = match value {
+        Value::BulkString(bytes) => bytes,
+        Value::SimpleString(text) => text.as_bytes(),
+        other => {
+            return Err(protocol(format!(
+                "expected the script's string reply, got {other:?}"
+            )));
+        }
     };
-    items
-        .iter()
-        .map(|item| match item {
-            Value::Int(i) => {
-                u64::try_from(*i).map_err(|_| protocol(format!("negative number {i}")))
+    if bytes.is_empty() {
+        return Ok(Vec::new());
+    }
+    bytes
+        .split(|&b| b == b';')
+        .map(|call| {
+            if call.is_empty() {
+                return Ok(Vec::new());
             }
-            other => Err(protocol(format!("expected an integer, got {other:?}"))),
+            call.split(|&b| b == b',')
+                .map(|key| key.split(|&b| b == b' ').map(number).collect())
+                .collect()
         })
         .collect()
 }
 
-/// Whether a reply says the check passed (the first number).
-pub fn allowed(reply: &Value) -> Result<bool, StoreError> {
-    Ok(integers(reply)?.first().copied() == Some(1))
+fn number(digits: &[u8]) -> Result<u64, StoreError> {
+    if digits.is_empty() {
+        return Err(protocol("an empty number in the script's reply"));
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        if !d.is_ascii_digit() {
+            return Err(protocol(format!(
+                "not a number in the script's reply: {:?}",
+                String::from_utf8_lossy(digits)
+            )));
+        }
+        n.checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(d - b'0')))
+            .ok_or_else(|| protocol("a number past 2^64 in the script's reply"))
+    })
+}
+
+/// Whether a key's reply says the check passed (the first number).
+pub fn allowed(numbers: &[u64]) -> bool {
+    numbers.first() == Some(&1)
 }
 
 /// Turns one key's reply into the decision, with the same Rust code as the memory store.
-pub fn decision(check: &Check, reply: &Value) -> Result<Decision, StoreError> {
-    let numbers = integers(reply)?;
-    let [allowed, now_us, rest @ ..] = numbers.as_slice() else {
+pub fn decision(check: &Check, numbers: &[u64]) -> Result<Decision, StoreError> {
+    let [allowed, now_us, rest @ ..] = numbers else {
         return Err(protocol(format!("reply too short: {numbers:?}")));
     };
     let (allowed, now_us) = (*allowed == 1, *now_us);
@@ -223,4 +253,100 @@ pub fn decision(check: &Check, reply: &Value) -> Result<Decision, StoreError> {
         }
     };
     Ok(outcome.decision)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn the_reply_splits_into_calls_keys_and_numbers() {
+        let reply = bulk("1 1700000000000000 3 28333333333,0 9007199254740991 0 5 2 7;1 2 3 4");
+        assert_eq!(
+            parse_reply(&reply).unwrap(),
+            vec![
+                vec![
+                    vec![1, 1_700_000_000_000_000, 3, 28_333_333_333],
+                    vec![0, (1 << 53) - 1, 0, 5, 2, 7],
+                ],
+                vec![vec![1, 2, 3, 4]],
+            ]
+        );
+        assert_eq!(parse_reply(&bulk("")).unwrap(), Replies::new());
+        assert_eq!(
+            parse_reply(&bulk(";1 2")).unwrap(),
+            vec![vec![], vec![vec![1, 2]]]
+        );
+    }
+
+    #[test]
+    fn a_reply_that_is_not_numbers_is_a_protocol_error() {
+        for text in [
+            "1 -2 3 4",
+            "1 2.5 3 4",
+            "1  2",
+            "1 2,",
+            "18446744073709551616",
+            "1e15",
+            "nil",
+        ] {
+            assert!(
+                matches!(parse_reply(&bulk(text)), Err(StoreError::Protocol(_))),
+                "{text:?} parsed"
+            );
+        }
+        for value in [Value::Nil, Value::Int(1), Value::Array(vec![Value::Int(1)])] {
+            assert!(matches!(parse_reply(&value), Err(StoreError::Protocol(_))));
+        }
+        // The end of the range parses.
+        assert_eq!(
+            parse_reply(&bulk("18446744073709551615")).unwrap(),
+            vec![vec![vec![u64::MAX]]]
+        );
+    }
+
+    #[test]
+    fn any_bytes_parse_or_fail_without_panicking() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        let mut runner = TestRunner::new(Config {
+            cases: 2000,
+            failure_persistence: None,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(0x5EED_0010),
+            ..Config::default()
+        });
+        let bytes = proptest::collection::vec(
+            prop_oneof![Just(b';'), Just(b','), Just(b' '), b'0'..=b'9', any::<u8>()],
+            0..64,
+        );
+        runner
+            .run(&bytes, |bytes| {
+                let value = Value::BulkString(bytes.clone());
+                if let Ok(calls) = parse_reply(&value) {
+                    // What parses is exactly what was sent: printing it back gives the bytes.
+                    let printed = calls
+                        .iter()
+                        .map(|keys| {
+                            keys.iter()
+                                .map(|n| n.iter().map(u64::to_string).collect::<Vec<_>>().join(" "))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .collect::<Vec<_>>()
+                        .join(";");
+                    let canonical = bytes
+                        .split(|&b| b == b' ' || b == b',' || b == b';')
+                        .all(|n| n.is_empty() || n == b"0" || n[0] != b'0');
+                    if canonical {
+                        prop_assert_eq!(printed.into_bytes(), bytes);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
 }
