@@ -2,9 +2,15 @@
 -- batch, applied in order, each decided on its own, each key's state read once and written once.
 -- Appended to the three algorithm files, which define the functions it dispatches to.
 --
--- KEYS: every call's counter keys, call after call; all must hash to one slot in Cluster mode
---       (each script call from Portcullis in Cluster mode carries a single key).
--- ARGV[1]: the number of calls. Then, per call:
+-- KEYS: every call's counter keys, call after call; in Cluster mode all of one slot.
+-- ARGV[1]: the number of calls.
+-- ARGV[2]: 0, or the number of keys carried in ARGV instead (a Cluster batch over several slots
+--       of one node: KEYS then holds only the first key, which routes the call; Redis refuses
+--       declared keys of several slots). Those keys follow in ARGV[3..]. Each is first checked to
+--       be this node's and not half migrated away, before anything is read or written: if one
+--       is not, the script replies TRYAGAIN having done nothing, and Portcullis sends the calls
+--       one by one (see cluster_batch.rs).
+-- Then, per call:
 --   a clock reading in microseconds for tests, or 0: Redis TIME (production always sends 0;
 --       replicas' host clocks drift, Redis' clock is the one all of them share; read once per
 --       script call);
@@ -73,12 +79,27 @@ local function state(key, op, now, p)
   return s
 end
 
--- Runs the operation whose six numbers start at ARGV[a] on KEYS[k].
+local keys, a = KEYS, 3
+local carried = tonumber(ARGV[2])
+if carried > 0 then
+  keys = {}
+  for i = 1, carried do
+    keys[i] = ARGV[2 + i]
+    local here = redis.pcall('EXISTS', keys[i])
+    if type(here) == 'table' and here.err then
+      return redis.error_reply('TRYAGAIN portcullis: a key of the batch is not served here: ' ..
+        tostring(here.err))
+    end
+  end
+  a = 3 + carried
+end
+
+-- Runs the operation whose six numbers start at ARGV[a] on keys[k].
 local function run(k, a, now, commit)
   local op = tonumber(ARGV[a])
   local p, q, r, s, t = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
     tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-  local key = KEYS[k]
+  local key = keys[k]
   if op == 1 then
     return sliding_window(state(key, 1, now, p), key, now, q, r, commit)
   elseif op == 2 then
@@ -99,7 +120,7 @@ local function run(k, a, now, commit)
 end
 
 local out = {}
-local a, k = 2, 1
+local k = 1
 for call = 1, tonumber(ARGV[1]) do
   local now, mode, count = clock(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   a = a + 3

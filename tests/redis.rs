@@ -1013,6 +1013,161 @@ async fn concurrent_calls_on_one_cluster_slot_share_script_calls_and_admit_exact
     );
 }
 
+/// Distinct keys on different slots of one Cluster node ride one script call (Redis 7's
+/// cross-slot script flag): 600 calls on 300 keys spread over the slots go out as far fewer
+/// script calls, and each key admits exactly its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_on_distinct_keys_of_one_cluster_node_share_script_calls() {
+    use portcullis::store::redis::cluster_batch::slot_of;
+    let cluster = RedisCluster::start_with_replicas(0);
+    let store = Arc::new(connected_store(Topology::Cluster(cluster.seeds()), "nodes:").await);
+    // The node map is read in the background once connected (every node here runs Redis 7).
+    let mut polls = 0;
+    while !store.batches_by_node() {
+        assert!(polls < 200, "Cluster batching never went per node");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        polls += 1;
+    }
+    for node in &cluster.nodes {
+        cli(node.port, &["CONFIG", "RESETSTAT"]);
+    }
+    let slots: std::collections::HashSet<u16> = (0..300)
+        .map(|n| slot_of(&store.redis_key(&check_of(&format!("k{n}"), hourly(1)))))
+        .collect();
+    assert!(slots.len() > 250, "the keys share slots: {}", slots.len());
+    for (round, expected) in [300, 0].into_iter().enumerate() {
+        let calls: Vec<_> = (0..300)
+            .map(|n| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let check = check_of(&format!("k{n}"), hourly(1));
+                    decide(&store, &[check], ScriptClock::RedisTime).await[0].allowed
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for call in calls {
+            admitted += usize::from(call.await.unwrap());
+        }
+        assert_eq!(
+            admitted, expected,
+            "round {round}: each key admits exactly its one"
+        );
+    }
+    let scripts: u64 = cluster.nodes.iter().map(|n| script_calls(n.port)).sum();
+    assert!(
+        scripts < 300,
+        "600 calls on {} slots went out as {scripts} script calls: not batched per node",
+        slots.len()
+    );
+}
+
+/// A batch over several slots may carry a key its node does not serve (the node map is stale, or
+/// the key's slot is half migrated and the key already gone): the script checks every key before
+/// it starts and answers TRYAGAIN having written nothing, so the batch may go again call by call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_slots_with_a_key_its_node_does_not_serve_changes_nothing() {
+    use portcullis::store::redis::script;
+    let cluster = RedisCluster::start_with_replicas(0);
+    let node = cluster.nodes[0].port;
+    let other = cluster.nodes[1].port;
+    let other_id = cli(other, &["CLUSTER", "MYID"]).trim().to_owned();
+    let key_of = |check: &Check| format!("x:{}", check.key);
+    // Keys of `node` on three different slots, and one of another node.
+    let mut here: Vec<Check> = Vec::new();
+    let mut elsewhere = None;
+    for n in 0..500 {
+        let check = check_of(&format!("s{n}"), hourly(5));
+        if cluster.master_of(&key_of(&check)) == node {
+            let slot = portcullis::store::redis::cluster_batch::slot_of(&key_of(&check));
+            let fresh = here
+                .iter()
+                .all(|c| portcullis::store::redis::cluster_batch::slot_of(&key_of(c)) != slot);
+            if fresh && here.len() < 3 {
+                here.push(check);
+            }
+        } else if elsewhere.is_none() {
+            elsewhere = Some(check);
+        }
+    }
+    let elsewhere = elsewhere.expect("a key of another node");
+    assert_eq!(here.len(), 3);
+    let migrating = portcullis::store::redis::cluster_batch::slot_of(&key_of(&here[2]));
+    cli(
+        node,
+        &[
+            "CLUSTER",
+            "SETSLOT",
+            &migrating.to_string(),
+            "MIGRATING",
+            &other_id,
+        ],
+    );
+    let client = redis::Client::open(format!("redis://127.0.0.1:{node}/")).expect("a client");
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connected");
+    // One call per key, the keys carried in the arguments as a batch over slots is sent.
+    let send = |checks: Vec<Check>| {
+        let mut conn = conn.clone();
+        async move {
+            let keys: Vec<String> = checks.iter().map(key_of).collect();
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(script::SOURCE)
+                .arg(1)
+                .arg(&keys[0])
+                .arg(checks.len())
+                .arg(keys.len())
+                .arg(&keys);
+            for check in &checks {
+                let mut args = Vec::new();
+                script::push_call(
+                    &[check],
+                    ScriptClock::RedisTime,
+                    ChargeMode::EachAlone,
+                    &mut args,
+                );
+                cmd.arg(args);
+            }
+            cmd.query_async::<redis::Value>(&mut conn).await
+        }
+    };
+    // A charge, then a refund of nothing on the same key (a refund writes the key's state at
+    // once), then the key the node does not serve: without the check first, the charge would be
+    // written before the script failed.
+    let refund = Check {
+        hits: 0,
+        refund: true,
+        ..here[0].clone()
+    };
+    for (case, last) in [
+        ("another node's key", elsewhere.clone()),
+        ("a half-migrated slot's missing key", here[2].clone()),
+    ] {
+        let batch = vec![here[0].clone(), refund.clone(), last];
+        let answer = send(batch).await;
+        let error = answer.expect_err(case);
+        assert_eq!(error.code(), Some("TRYAGAIN"), "{case}: {error}");
+        assert_eq!(
+            cli(node, &["EXISTS", &key_of(&here[0])]).trim(),
+            "0",
+            "{case}: the batch's first key was written"
+        );
+    }
+    // Keys all served here, on different slots: one script call decides them all.
+    let reply = send(vec![here[0].clone(), here[1].clone()])
+        .await
+        .expect("a batch of this node's keys runs");
+    let calls = script::parse_reply(&reply).expect("a reply");
+    assert_eq!(calls.len(), 2);
+    for (call, check) in calls.iter().zip([&here[0], &here[1]]) {
+        let decision = script::decision(check, &call[0]).expect("a decision");
+        assert!(decision.allowed);
+        assert_eq!(decision.remaining, 4);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_call_of_a_batch_is_charged_by_its_own_mode() {
     let redis = RedisServer::start();
@@ -1208,7 +1363,8 @@ async fn one_script_call(
 ) -> Vec<Vec<portcullis::algorithm::Decision>> {
     use portcullis::store::redis::script;
     let mut keys = Vec::new();
-    let mut args = vec![calls.len() as i64];
+    // The number of calls, then no keys carried in the arguments.
+    let mut args = vec![calls.len() as i64, 0];
     for (checks, now, mode) in calls {
         keys.extend(checks.iter().map(|c| format!("{prefix}{}", c.key)));
         let refs: Vec<&Check> = checks.iter().collect();

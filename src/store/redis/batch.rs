@@ -78,7 +78,7 @@ pub(super) async fn submit<T>(
 }
 
 /// The jobs of one script call, merged: every key in order, the arguments with the call count
-/// first, each job with its key count (to check its reply), and the latest deadline.
+/// and a zero (no keys carried in the arguments) first, each job with its key count (to check its reply), and the latest deadline.
 pub(super) struct Merged {
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<i64>,
@@ -93,8 +93,10 @@ pub(super) fn merge(jobs: Vec<Job>) -> Merged {
         .max()
         .unwrap_or_else(Instant::now);
     let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
-    let mut args = Vec::with_capacity(1 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
+    let mut args = Vec::with_capacity(2 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
     args.push(jobs.len() as i64);
+    // No keys carried in the arguments (`eval` carries them there for a batch over slots).
+    args.push(0);
     // Each job's key count stays for checking the reply; the keys themselves move.
     let mut jobs: Vec<(usize, Job)> = jobs.into_iter().map(|j| (j.keys.len(), j)).collect();
     for (_, job) in &mut jobs {
@@ -222,8 +224,11 @@ async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
     };
     let mut conn = live.conn.clone();
     let budget = deadline.saturating_duration_since(Instant::now());
-    let called =
-        tokio::time::timeout_at(deadline, eval(&mut conn, &keys, &args, &Route::BySlot)).await;
+    let called = tokio::time::timeout_at(
+        deadline,
+        eval(&mut conn, &keys, &args, &Route::BySlot, false),
+    )
+    .await;
     match called {
         Ok(Ok(reply)) => {
             live.succeeded();

@@ -1,48 +1,87 @@
-//! Batching across calls on Cluster, per slot: the checks of concurrent calls whose keys live in
-//! one slot (a hot descriptor, the layers of one descriptor) go to Redis together, as one script
-//! call, so that a hot key costs one script call per batch instead of one per call.
+//! Batching across calls on Cluster, per node: the checks of concurrent calls whose keys live on
+//! one master go to Redis together, as one script call, so that a hot key costs one script call
+//! per batch instead of one per call, and distinct keys share script calls too.
 //!
-//! One lane per slot with at most one script call in flight: a check for an idle slot goes at
-//! once; checks arriving while their slot's call is in flight wait in its lane and ride the next
-//! call together (at most `MAX_CALLS` calls and `MAX_KEYS` keys; at most `MAX_WAITING` waiting
-//! over all lanes, beyond which a check fails at once to its failure mode). Keys of one slot are
-//! one node's by definition, so no cross-slot script is needed, and MOVED, ASK and TRYAGAIN are
-//! handled for the whole call as for one check. The script applies the calls in arrival order,
-//! each on its own, under one Redis `TIME`. It must never send a check whose caller gave up.
+//! One lane per master (per slot while the node map is unknown) with at most one script call in
+//! flight: a check for an idle lane goes at once; checks arriving while their lane's call is in
+//! flight wait in it and ride the next call together (at most `MAX_CALLS` calls and `MAX_KEYS`
+//! keys; at most `MAX_WAITING` waiting over all lanes, beyond which a check fails at once to its
+//! failure mode). A batch of one slot declares its keys and follows MOVED and ASK as one check
+//! would. A batch over several slots declares only its first key (Redis refuses declared keys of
+//! several slots) and carries the rest in its arguments; the script checks each is its node's
+//! (and not half migrated away) before it reads or writes anything, and answers TRYAGAIN when one
+//! is not: the batch then goes again as its calls, one by one, and the map is read again. The
+//! script applies the calls in arrival order, each on its own, under one Redis `TIME`. It must
+//! never send a check whose caller gave up, nor send again a batch that may have run.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
 
+use redis::Value;
 use redis::cluster_async::ClusterConnection;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use super::batch::{
     Job, MAX_CALLS, MAX_KEYS, MAX_WAITING, Merged, answer, fail_all, merge, submit,
 };
-use super::{classify, eval_on_cluster, is_tryagain};
+use super::{Spread, classify, did_not_run, eval_on_cluster, is_tryagain};
 use crate::store::StoreError;
+
+/// Slots in a Cluster.
+const SLOTS: usize = 16384;
+/// How often the node map is read again when nothing asked for it.
+const MAP_REFRESH: Duration = Duration::from_secs(30);
+/// The least time between two readings (a split batch asks for one).
+const MAP_SPACING: Duration = Duration::from_secs(1);
+/// Most masters the map tells apart; beyond, their slots batch per slot.
+const MAX_NODES: usize = 1024;
+/// Marks a slot whose master the map does not know.
+const UNKNOWN: u16 = u16::MAX;
 
 /// The sending side; cheap to clone. The dispatcher stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct SlotBatcher {
     jobs: mpsc::Sender<(u16, Job)>,
+    map: watch::Receiver<Option<Arc<NodeMap>>>,
+}
+
+/// Which master serves each slot, as the last `CLUSTER SLOTS` said. A stale map costs a split
+/// batch, never a wrong decision: the script checks every key is its node's before it starts.
+pub struct NodeMap {
+    node_of: Vec<u16>,
+}
+
+impl NodeMap {
+    /// The lane of a slot: its master's when known, else its own.
+    fn lane(&self, slot: u16) -> u32 {
+        match self.node_of.get(usize::from(slot)) {
+            Some(&node) if node != UNKNOWN => SLOTS as u32 + u32::from(node),
+            _ => u32::from(slot),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Lane {
-    waiting: VecDeque<Job>,
+    waiting: VecDeque<(u16, Job)>,
     busy: bool,
 }
 
 impl SlotBatcher {
     pub fn spawn(cluster: ClusterConnection) -> SlotBatcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
-        tokio::spawn(dispatch(cluster, queue));
-        SlotBatcher { jobs }
+        let (maps, map) = watch::channel(None);
+        let stale = Arc::new(Notify::new());
+        tokio::spawn(keep_node_map(cluster.clone(), maps, stale.clone()));
+        tokio::spawn(dispatch(cluster, queue, map.clone(), stale));
+        SlotBatcher { jobs, map }
     }
 
     /// Decides one call (`keys` all in `slot`, `args` as the script reads one call) in the next
-    /// script call of that slot; its per-key replies, or why not, by `deadline`.
+    /// script call of that slot's node (or of the slot, while the node map is unknown); its
+    /// per-key replies, or why not, by `deadline`.
     pub async fn call(
         &self,
         slot: u16,
@@ -52,23 +91,34 @@ impl SlotBatcher {
     ) -> Result<Vec<Vec<u64>>, StoreError> {
         submit(&self.jobs, |job| (slot, job), keys, args, deadline).await
     }
+
+    /// Whether calls are batched per node (the node map is read), rather than per slot.
+    pub fn by_node(&self) -> bool {
+        self.map.borrow().is_some()
+    }
 }
 
-async fn dispatch(cluster: ClusterConnection, mut queue: mpsc::Receiver<(u16, Job)>) {
-    let mut lanes: HashMap<u16, Lane> = HashMap::new();
+async fn dispatch(
+    cluster: ClusterConnection,
+    mut queue: mpsc::Receiver<(u16, Job)>,
+    map: watch::Receiver<Option<Arc<NodeMap>>>,
+    stale: Arc<Notify>,
+) {
+    let mut lanes: HashMap<u32, Lane> = HashMap::new();
     let mut waiting = 0usize;
     // Lanes whose script call ended; at most one message per lane in flight.
-    let (done_tx, mut done) = mpsc::unbounded_channel::<u16>();
+    let (done_tx, mut done) = mpsc::unbounded_channel::<u32>();
     loop {
         tokio::select! {
             next = queue.recv() => {
                 let Some((slot, job)) = next else { return };
-                let lane = lanes.entry(slot).or_default();
+                let id = map.borrow().as_ref().map_or(u32::from(slot), |m| m.lane(slot));
+                let lane = lanes.entry(id).or_default();
                 if !lane.busy {
                     lane.busy = true;
-                    spawn_call(&cluster, slot, vec![job], &done_tx);
+                    spawn_call(&cluster, id, vec![(slot, job)], &done_tx, &stale);
                 } else if waiting < MAX_WAITING {
-                    lane.waiting.push_back(job);
+                    lane.waiting.push_back((slot, job));
                     waiting += 1;
                 } else {
                     let _ = job.reply.send(Err(StoreError::Unavailable(format!(
@@ -76,28 +126,28 @@ async fn dispatch(cluster: ClusterConnection, mut queue: mpsc::Receiver<(u16, Jo
                     ))));
                 }
             }
-            Some(slot) = done.recv() => {
-                let Some(lane) = lanes.get_mut(&slot) else { continue };
+            Some(id) = done.recv() => {
+                let Some(lane) = lanes.get_mut(&id) else { continue };
                 let now = Instant::now();
                 let mut batch = Vec::new();
                 let mut keys = 0;
                 while batch.len() < MAX_CALLS && keys < MAX_KEYS {
-                    let Some(job) = lane.waiting.pop_front() else { break };
+                    let Some((slot, job)) = lane.waiting.pop_front() else { break };
                     waiting -= 1;
                     // Its caller has answered already (the timeout is theirs to report).
                     if !job.wanted(now) {
                         continue;
                     }
                     keys += job.keys.len();
-                    batch.push(job);
+                    batch.push((slot, job));
                 }
                 if batch.is_empty() {
                     lane.busy = false;
                     if lane.waiting.is_empty() {
-                        lanes.remove(&slot);
+                        lanes.remove(&id);
                     }
                 } else {
-                    spawn_call(&cluster, slot, batch, &done_tx);
+                    spawn_call(&cluster, id, batch, &done_tx, &stale);
                 }
             }
         }
@@ -106,37 +156,53 @@ async fn dispatch(cluster: ClusterConnection, mut queue: mpsc::Receiver<(u16, Jo
 
 fn spawn_call(
     cluster: &ClusterConnection,
-    slot: u16,
-    jobs: Vec<Job>,
-    done: &mpsc::UnboundedSender<u16>,
+    lane: u32,
+    jobs: Vec<(u16, Job)>,
+    done: &mpsc::UnboundedSender<u32>,
+    stale: &Arc<Notify>,
 ) {
     let mut conn = cluster.clone();
     let done = done.clone();
+    let stale = stale.clone();
     tokio::spawn(async move {
-        send(&mut conn, jobs).await;
-        let _ = done.send(slot);
+        send(&mut conn, jobs, &stale).await;
+        let _ = done.send(lane);
     });
 }
 
-/// One script call for `jobs`; every job gets its replies, or the call's error.
-async fn send(conn: &mut ClusterConnection, jobs: Vec<Job>) {
+/// One script call for `jobs`; every job gets its replies, or the call's error. A batch that
+/// comes back unrun (a slot half migrated, or moved since the node map was read) goes again as
+/// its calls, one script call each.
+async fn send(conn: &mut ClusterConnection, jobs: Vec<(u16, Job)>, stale: &Arc<Notify>) {
+    let spread = match jobs.as_slice() {
+        [_] => Spread::Call,
+        [(first, _), rest @ ..] if rest.iter().any(|(slot, _)| slot != first) => Spread::Slots,
+        _ => Spread::Calls,
+    };
     let Merged {
         mut keys,
         args,
         jobs,
         deadline,
-    } = merge(jobs);
+    } = merge(jobs.into_iter().map(|(_, job)| job).collect());
     let budget = deadline.saturating_duration_since(Instant::now());
-    let several = jobs.len() > 1;
     let called =
-        tokio::time::timeout_at(deadline, eval_on_cluster(conn, &keys, &args, several)).await;
+        tokio::time::timeout_at(deadline, eval_on_cluster(conn, &keys, &args, spread)).await;
     match called {
-        Ok(Err(e)) if several && is_tryagain(&e) => {
+        Ok(Err(e))
+            if (spread == Spread::Calls && is_tryagain(&e))
+                || (spread == Spread::Slots && did_not_run(&e)) =>
+        {
+            if spread == Spread::Slots {
+                tracing::debug!(error = %e, "a batch over several slots did not run: its calls go one by one");
+                stale.notify_one();
+            }
             // The script did not run: each call goes on its own (its keys were moved back in).
             let singles = jobs.into_iter().map(|(count, mut job)| {
                 let mut conn = conn.clone();
                 job.keys = keys.drain(..count).collect();
-                async move { Box::pin(send(&mut conn, vec![job])).await }
+                let slot = slot_of(&job.keys[0]);
+                async move { Box::pin(send(&mut conn, vec![(slot, job)], stale)).await }
             });
             futures_util::future::join_all(singles).await;
         }
@@ -144,6 +210,109 @@ async fn send(conn: &mut ClusterConnection, jobs: Vec<Job>) {
         Ok(Err(e)) => fail_all(jobs, classify(&e)),
         Err(_) => fail_all(jobs, StoreError::Timeout(budget)),
     }
+}
+
+/// Reads the node map at start, every `MAP_REFRESH`, and when a batch found it stale (at most
+/// once per `MAP_SPACING`); stops with the dispatcher. While the map cannot be read, calls
+/// batch per slot (`None`).
+async fn keep_node_map(
+    mut conn: ClusterConnection,
+    maps: watch::Sender<Option<Arc<NodeMap>>>,
+    stale: Arc<Notify>,
+) {
+    // Node addresses seen so far: a node keeps its number across readings, so a lane keeps its
+    // node while the map changes.
+    let mut nodes: Vec<String> = Vec::new();
+    let mut by_node = false;
+    loop {
+        let read = tokio::time::timeout(MAP_REFRESH, read_node_map(&mut conn, &mut nodes)).await;
+        let map = match read {
+            Ok(Ok(map)) => Some(map),
+            Ok(Err(reason)) => {
+                tracing::debug!(%reason, "Cluster node map not read: batching per slot");
+                None
+            }
+            Err(_) => None,
+        };
+        if map.is_some() != by_node {
+            by_node = map.is_some();
+            tracing::info!(
+                by_node,
+                "Cluster batching: {}",
+                if by_node {
+                    "per node"
+                } else {
+                    "per slot (the node map cannot be read)"
+                }
+            );
+        }
+        maps.send_replace(map.map(Arc::new));
+        tokio::select! {
+            () = maps.closed() => return,
+            () = stale.notified() => {}
+            () = tokio::time::sleep(MAP_REFRESH) => {}
+        }
+        tokio::select! {
+            () = maps.closed() => return,
+            () = tokio::time::sleep(MAP_SPACING) => {}
+        }
+    }
+}
+
+/// `CLUSTER SLOTS` on any node: the master of each slot.
+async fn read_node_map(
+    conn: &mut ClusterConnection,
+    nodes: &mut Vec<String>,
+) -> Result<NodeMap, String> {
+    let slots: Value = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    parse_cluster_slots(&slots, nodes)
+}
+
+/// `CLUSTER SLOTS`: `[[start, end, [host, port, id…], replicas…]…]` into a master per slot.
+fn parse_cluster_slots(reply: &Value, nodes: &mut Vec<String>) -> Result<NodeMap, String> {
+    let Value::Array(ranges) = reply else {
+        return Err(format!("CLUSTER SLOTS answered {reply:?}"));
+    };
+    let mut node_of = vec![UNKNOWN; SLOTS];
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return Err(format!("a CLUSTER SLOTS range is {range:?}"));
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+            (parts.first(), parts.get(1), parts.get(2))
+        else {
+            return Err(format!("a CLUSTER SLOTS range is {parts:?}"));
+        };
+        let (Some(host), Some(Value::Int(port))) = (master.first(), master.get(1)) else {
+            return Err(format!("a CLUSTER SLOTS master is {master:?}"));
+        };
+        let host: String = redis::from_redis_value(host.clone()).map_err(|e| e.to_string())?;
+        let address = format!("{host}:{port}");
+        let node = match nodes.iter().position(|n| *n == address) {
+            Some(i) => i,
+            None if nodes.len() < MAX_NODES => {
+                nodes.push(address);
+                nodes.len() - 1
+            }
+            None => continue,
+        };
+        let (start, end) = (usize::try_from(*start), usize::try_from(*end));
+        let (Ok(start), Ok(end)) = (start, end) else {
+            return Err("a negative slot in CLUSTER SLOTS".into());
+        };
+        for slot in node_of
+            .iter_mut()
+            .take(end.saturating_add(1).min(SLOTS))
+            .skip(start)
+        {
+            *slot = node as u16;
+        }
+    }
+    Ok(NodeMap { node_of })
 }
 
 /// Redis Cluster's slot of a key: CRC16 (XMODEM) of its hash tag (or of the whole key when it

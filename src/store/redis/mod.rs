@@ -132,6 +132,17 @@ fn redirect(error: &RedisError) -> Option<Route> {
     }
 }
 
+/// What one Cluster script call carries, for how its errors are handled (`eval_on_cluster`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spread {
+    /// One call: redirections are followed.
+    Call,
+    /// Several calls, one slot: TRYAGAIN splits the batch.
+    Calls,
+    /// Several slots of one node: any error that says the script did not run splits the batch.
+    Slots,
+}
+
 fn is_tryagain(error: &RedisError) -> bool {
     matches!(error.kind(), ErrorKind::Server(ServerErrorKind::TryAgain))
 }
@@ -166,6 +177,12 @@ impl RedisStore {
             slot_batcher,
             prefix: key_prefix.to_owned(),
         })
+    }
+
+    /// Whether Cluster calls are batched per node (the node map is read and every node runs
+    /// Redis 7 or later) rather than per slot; false on standalone and Sentinel.
+    pub fn batches_by_node(&self) -> bool {
+        self.slot_batcher.as_ref().is_some_and(|b| b.by_node())
     }
 
     /// The full Redis key of a check.
@@ -435,20 +452,24 @@ async fn probe_node<C: redis::aio::ConnectionLike>(
 /// (MOVED and ASK to the node named, TRYAGAIN and a failover after a short wait); one reply per
 /// call.
 ///
-/// `split_on_tryagain`: a batch of several calls answered TRYAGAIN (its keys are half migrated)
+/// `spread`: a batch of several calls of one slot answered TRYAGAIN (its keys are half migrated)
 /// comes back at once, for its calls to go one by one (each of one descriptor's keys, which
-/// migrate together more often than a whole batch's).
+/// migrate together more often than a whole batch's); a batch over several slots of one node
+/// comes back at the first error that says the script did not run (a slot moved since the node
+/// map was read): a redirection names one slot's node, not the batch's.
 async fn eval_on_cluster(
     conn: &mut redis::cluster_async::ClusterConnection,
     keys: &[String],
     args: &[i64],
-    split_on_tryagain: bool,
+    spread: Spread,
 ) -> Result<Value, RedisError> {
     let mut route = Route::BySlot;
     let mut attempt = 1;
+    let cross_slot = spread == Spread::Slots;
     loop {
-        match eval(conn, keys, args, &route).await {
-            Err(e) if split_on_tryagain && is_tryagain(&e) => return Err(e),
+        match eval(conn, keys, args, &route, cross_slot).await {
+            Err(e) if cross_slot && did_not_run(&e) => return Err(e),
+            Err(e) if spread == Spread::Calls && is_tryagain(&e) => return Err(e),
             Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
                 tracing::debug!(error = %e, attempt, "script did not run: sending it again");
                 route = match redirect(&e) {
@@ -470,15 +491,33 @@ async fn eval_on_cluster(
 /// loads it there), sent by slot or to the node a redirection named (with ASKING for ASK). Not
 /// redis-rs' `Script::invoke_async`, which on NOSCRIPT in Cluster mode loads the script on every
 /// node and fails when any node is down.
+///
+/// `cross_slot`: the keys live in several slots of one Cluster node. Redis refuses declared keys
+/// of several slots, so only the first is declared (it routes the call) and all of them are
+/// carried in the arguments, where the script checks each is this node's before it starts.
 async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
     conn: &mut C,
     keys: &[String],
     args: &[i64],
     route: &Route,
+    cross_slot: bool,
 ) -> Result<Value, RedisError> {
     let build = |verb: &str, body: &str| {
         let mut cmd = redis::cmd(verb);
-        cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+        cmd.arg(body);
+        match (cross_slot, keys.first(), args) {
+            (true, Some(first), [calls, _, rest @ ..]) => {
+                cmd.arg(1)
+                    .arg(first)
+                    .arg(calls)
+                    .arg(keys.len())
+                    .arg(keys)
+                    .arg(rest);
+            }
+            _ => {
+                cmd.arg(keys.len()).arg(keys).arg(args);
+            }
+        }
         cmd
     };
     match conn
