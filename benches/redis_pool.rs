@@ -13,24 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
-use portcullis::store::redis::{RedisConfig, Topology};
+use portcullis::store::redis::Topology;
 use portcullis::store::{RedisStore, Store};
 
 const CALLERS: usize = 64;
 
 async fn calls_per_second(url: &str, pool_size: u32, calls_per_caller: usize) -> f64 {
-    let config = RedisConfig {
-        topology: Topology::Standalone(url.to_owned()),
-        tls: false,
-        ca_pem: None,
-        client_cert_pem: None,
-        skip_hostname_verification: false,
-        username: None,
-        password: None,
-        sentinel: Default::default(),
-        pool_size,
-        connect_timeout: Duration::from_secs(5),
-    };
+    let config = harness::plain_config(Topology::Standalone(url.to_owned()), pool_size);
     let store = Arc::new(
         RedisStore::new(&config, &format!("bench{pool_size}:"), Default::default()).expect("store"),
     );

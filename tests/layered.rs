@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::redis::{RedisCluster, RedisServer};
-use common::{TestServer, request};
+use common::{TestServer, header, request};
 use portcullis::pb::RateLimitResponse;
 use portcullis::pb::rate_limit_response::Code;
 use portcullis::pb::rate_limit_response::rate_limit::Unit as PbUnit;
@@ -50,13 +50,6 @@ fn first(r: &RateLimitResponse) -> (i32, String, u32, i32, u32) {
         limit.unit,
         s.limit_remaining,
     )
-}
-
-fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
-    r.response_headers_to_add
-        .iter()
-        .find(|h| h.key == name)
-        .map(|h| h.value.as_str())
 }
 
 #[tokio::test]

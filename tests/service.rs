@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{TestServer, descriptor, request};
+use common::{TestServer, descriptor, header, request};
 use portcullis::pb::rate_limit_descriptor::RateLimitOverride;
 use portcullis::pb::rate_limit_response::{Code, rate_limit::Unit};
 use portcullis::pb::{RateLimitRequest, RateLimitResponse, RateLimitUnit};
@@ -547,13 +547,6 @@ descriptors:
   - key: route
     rate_limit: {unit: hour, requests_per_unit: 100}
 "#;
-
-fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
-    r.response_headers_to_add
-        .iter()
-        .find(|h| h.key == name)
-        .map(|h| h.value.as_str())
-}
 
 #[tokio::test]
 async fn draft03_headers_describe_the_most_restrictive_limit() {

@@ -163,3 +163,11 @@ pub async fn count_admitted(
     }
     admitted
 }
+
+/// The value of the response header `name` Portcullis asked Envoy to add, if any.
+pub fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key == name)
+        .map(|h| h.value.as_str())
+}

@@ -369,11 +369,12 @@ impl RedisSentinel {
 
 /// A Redis store on `topology` (no TLS, no password, 2 connections) whose connections are made
 /// (they are made in the background), its keys under `prefix`.
-pub async fn connected_store(
+/// Settings for a Redis without TLS or a password: `pool_size` connections, 2 s to connect.
+pub fn plain_config(
     topology: portcullis::store::redis::Topology,
-    prefix: &str,
-) -> portcullis::store::RedisStore {
-    let config = portcullis::store::redis::RedisConfig {
+    pool_size: u32,
+) -> portcullis::store::redis::RedisConfig {
+    portcullis::store::redis::RedisConfig {
         topology,
         tls: false,
         ca_pem: None,
@@ -382,9 +383,16 @@ pub async fn connected_store(
         username: None,
         password: None,
         sentinel: Default::default(),
-        pool_size: 2,
+        pool_size,
         connect_timeout: Duration::from_secs(2),
-    };
+    }
+}
+
+pub async fn connected_store(
+    topology: portcullis::store::redis::Topology,
+    prefix: &str,
+) -> portcullis::store::RedisStore {
+    let config = plain_config(topology, 2);
     let store = portcullis::store::RedisStore::new(&config, prefix, Default::default()).unwrap();
     store
         .probe(Duration::from_secs(10))
