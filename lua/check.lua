@@ -83,9 +83,12 @@ local keys, a = KEYS, 3
 local carried = tonumber(ARGV[2])
 if carried > 0 then
   keys = {}
+  local checked = {}
   for i = 1, carried do
     keys[i] = ARGV[2 + i]
-    local here = redis.pcall('EXISTS', keys[i])
+    -- A hot key comes once per call: checked once.
+    local here = checked[keys[i]] or redis.pcall('EXISTS', keys[i])
+    checked[keys[i]] = here
     if type(here) == 'table' and here.err then
       return redis.error_reply('TRYAGAIN portcullis: a key of the batch is not served here: ' ..
         tostring(here.err))
