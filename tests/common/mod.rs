@@ -130,6 +130,7 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .map_or(0.0, |v| v.trim().parse().expect("a number"))
 }
 
+pub mod envoy;
 pub mod process;
 pub mod proxy;
 pub mod redis;
