@@ -587,6 +587,11 @@ async fn redis_stopped_answers_by_failure_mode_within_the_deadline_and_recovers_
                 started.elapsed()
             );
             codes.push(r.overall_code);
+            if *mode != FailureMode::Local {
+                // Nothing was counted: no limit or remaining to show (Envoy would make headers).
+                assert_eq!(r.statuses[0].current_limit, None, "{mode:?}");
+                assert_eq!(r.statuses[0].limit_remaining, 0, "{mode:?}");
+            }
             if *mode == FailureMode::Deny {
                 // Honest: "try again in a second", not "in an hour" (the rule's window).
                 let wait = r.statuses[0].duration_until_reset.unwrap().seconds;

@@ -64,6 +64,7 @@ pub fn summarize(
             remaining: limit.requests.saturating_sub(count),
             reset_after: us(ends_in_us),
             retry_after,
+            by_failure_mode: false,
         },
         keep_for_us: if count > 0 { ends_in_us } else { 0 },
     }

@@ -108,6 +108,9 @@ pub struct Decision {
     /// Denied only: when this same request would pass; `None` when waiting never helps
     /// (the request costs more than the limit's capacity) or when it was allowed.
     pub retry_after: Option<Duration>,
+    /// Answered by the failure mode (allow or deny) without any counter: `limit` and
+    /// `remaining` say nothing of a budget, and must not be reported as if they did.
+    pub by_failure_mode: bool,
 }
 
 /// Decision for a limit of zero requests: nothing but a check-only call passes, and no state is
@@ -119,6 +122,7 @@ pub fn zero_limit_decision(hits: u64) -> Decision {
         remaining: 0,
         reset_after: Duration::ZERO,
         retry_after: None,
+        by_failure_mode: false,
     }
 }
 

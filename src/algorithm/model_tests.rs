@@ -82,6 +82,7 @@ impl SlidingModel {
             remaining: limit.requests - used,
             reset_after: us(reset_after),
             retry_after,
+            by_failure_mode: false,
         }
     }
 }
@@ -179,6 +180,7 @@ impl BucketModel {
             remaining: (self.scaled / w) as u64,
             reset_after: us((full - self.scaled).div_ceil(rate) as u64),
             retry_after,
+            by_failure_mode: false,
         }
     }
 }
@@ -226,6 +228,7 @@ proptest! {
                 remaining: limit.requests - *count,
                 reset_after: us(ends_in),
                 retry_after: (!allowed && hits <= limit.requests).then(|| us(ends_in.max(1))),
+                by_failure_mode: false,
             };
             prop_assert_eq!(got, want);
         }

@@ -182,6 +182,7 @@ pub fn summarize(
             remaining: limit.requests.saturating_sub(used),
             reset_after: us(reset_after_us),
             retry_after,
+            by_failure_mode: false,
         },
         keep_for_us: reset_after_us,
     }

@@ -151,6 +151,7 @@ pub fn summarize(
             remaining: u64::try_from(remaining).unwrap_or(u64::MAX),
             reset_after: us(reset_after_us),
             retry_after,
+            by_failure_mode: false,
         },
         keep_for_us: reset_after_us,
     }

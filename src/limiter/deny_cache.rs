@@ -191,6 +191,7 @@ mod tests {
             remaining: 0,
             reset_after: Duration::from_secs(3600),
             retry_after: Some(Duration::from_secs(3600)),
+            by_failure_mode: false,
         }
     }
 

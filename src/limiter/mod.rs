@@ -366,6 +366,7 @@ fn failed_open(limit: &Limit) -> Decision {
         remaining: limit.capacity(),
         reset_after: Duration::ZERO,
         retry_after: None,
+        by_failure_mode: true,
     }
 }
 
@@ -383,5 +384,6 @@ fn failed_closed(limit: &Limit) -> Decision {
         remaining: 0,
         reset_after: wait,
         retry_after: Some(wait),
+        by_failure_mode: true,
     }
 }

@@ -141,6 +141,19 @@ fn status(p: &Planned) -> DescriptorStatus {
     } else {
         Code::OverLimit
     };
+    if decision.by_failure_mode {
+        // No counter was asked: no limit or remaining to report, so that Envoy builds no
+        // x-ratelimit-* headers claiming a budget nobody counted. A refusal keeps its short,
+        // honest wait.
+        return DescriptorStatus {
+            code: code as i32,
+            duration_until_reset: (!decision.allowed).then(|| prost_types::Duration {
+                seconds: ceil_seconds(decision.reset_after).max(1),
+                nanos: 0,
+            }),
+            ..Default::default()
+        };
+    }
     let mut reset = ceil_seconds(decision.reset_after);
     if code == Code::OverLimit {
         reset = reset.max(1);
@@ -252,6 +265,13 @@ fn headers(
     let Some(&(_, source, source_limit)) =
         refusing.or_else(|| limited.iter().min_by_key(|(_, s, _)| s.limit_remaining))
     else {
+        // Nothing counted (failure-mode answers): no budget to show, only when to come back.
+        if refused && config.response_headers != HeadersMode::Go {
+            return vec![header(
+                "retry-after",
+                retry_wait(planned, statuses).to_string(),
+            )];
+        }
         return Vec::new();
     };
     let policy = |requests: u32, unit: Option<Unit>, name: &str| {
@@ -306,18 +326,24 @@ fn headers(
     out.push(header(names[1], source.limit_remaining.to_string()));
     out.push(header(names[2], reset.to_string()));
     if refused {
-        // The longest wait among the descriptors that refused: only then would the request pass.
-        let wait = planned
-            .iter()
-            .zip(statuses)
-            .filter(|(_, s)| s.code == Code::OverLimit as i32)
-            .filter_map(|(p, _)| p.decision)
-            .map(|d| ceil_seconds(d.retry_after.unwrap_or(d.reset_after)).max(1))
-            .max()
-            .unwrap_or(1);
-        out.push(header("retry-after", wait.to_string()));
+        out.push(header(
+            "retry-after",
+            retry_wait(planned, statuses).to_string(),
+        ));
     }
     out
+}
+
+/// The longest wait among the descriptors that refused: only then would the request pass.
+fn retry_wait(planned: &[Planned], statuses: &[DescriptorStatus]) -> i64 {
+    planned
+        .iter()
+        .zip(statuses)
+        .filter(|(_, s)| s.code == Code::OverLimit as i32)
+        .filter_map(|(p, _)| p.decision)
+        .map(|d| ceil_seconds(d.retry_after.unwrap_or(d.reset_after)).max(1))
+        .max()
+        .unwrap_or(1)
 }
 
 /// The response's dynamic metadata, as the Go service writes it with `RESPONSE_DYNAMIC_METADATA`:

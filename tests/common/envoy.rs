@@ -284,3 +284,199 @@ pub async fn try_get(
         body: body.to_owned(),
     })
 }
+
+/// A gateway for the scenarios: one ingress listener with the ratelimit filter (domain, timeout,
+/// `failure_mode_deny`, route-level or filter-level `rate_limits`), an app listener behind it
+/// that answers 200 with `app_headers`, and Portcullis as a gRPC cluster of one or more
+/// endpoints, health checked on the `ratelimit` service as the shipped bootstrap does.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    pub admin: u16,
+    pub ingress: u16,
+    pub app: u16,
+    pub portcullis: Vec<u16>,
+    pub domain: String,
+    pub timeout: String,
+    pub failure_mode_deny: bool,
+    /// YAML list items under the virtual host's `rate_limits:` (indented by the caller: none).
+    pub route_rate_limits: String,
+    /// YAML list items under the filter's own `rate_limits:` (empty: none).
+    pub filter_rate_limits: String,
+    /// Response headers the app adds.
+    pub app_headers: Vec<(String, String)>,
+    /// Lua source run on the ingress listener before the ratelimit filter (empty: none).
+    pub lua: String,
+    pub health_interval: String,
+}
+
+impl Gateway {
+    pub fn new(domain: &str, portcullis: &[u16]) -> Gateway {
+        Gateway {
+            admin: free_port(),
+            ingress: free_port(),
+            app: free_port(),
+            portcullis: portcullis.to_vec(),
+            domain: domain.to_owned(),
+            timeout: "0.02s".into(),
+            failure_mode_deny: false,
+            route_rate_limits: String::new(),
+            filter_rate_limits: String::new(),
+            app_headers: Vec::new(),
+            lua: String::new(),
+            health_interval: "5s".into(),
+        }
+    }
+
+    pub fn ingress_addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.ingress).into()
+    }
+
+    pub fn start(&self) -> Envoy {
+        Envoy::start(&self.config(), self.admin)
+    }
+
+    pub fn config(&self) -> String {
+        let indent = |text: &str, by: usize| -> String {
+            text.lines()
+                .map(|l| format!("{}{l}\n", " ".repeat(by)))
+                .collect()
+        };
+        let route_rate_limits = if self.route_rate_limits.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "                      rate_limits:\n{}",
+                indent(&self.route_rate_limits, 24)
+            )
+        };
+        let filter_rate_limits = if self.filter_rate_limits.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "                      rate_limits:\n{}",
+                indent(&self.filter_rate_limits, 24)
+            )
+        };
+        let lua = if self.lua.is_empty() {
+            String::new()
+        } else {
+            format!(
+                r#"                  - name: envoy.filters.http.lua
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+                      default_source_code:
+                        inline_string: |
+{}"#,
+                indent(&self.lua, 26)
+            )
+        };
+        let app_headers: String = self
+            .app_headers
+            .iter()
+            .map(|(k, v)| {
+                format!("                            - header: {{key: \"{k}\", value: \"{v}\"}}\n")
+            })
+            .collect();
+        let app_headers = if app_headers.is_empty() {
+            String::new()
+        } else {
+            format!("                          response_headers_to_add:\n{app_headers}")
+        };
+        let endpoints: String = self
+            .portcullis
+            .iter()
+            .map(|p| {
+                format!(
+                    "              - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {p}}}}}}}\n"
+                )
+            })
+            .collect();
+        format!(
+            r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+    - name: ingress
+      address: {{socket_address: {{address: 127.0.0.1, port_value: {ingress}}}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                use_remote_address: true
+                route_config:
+                  virtual_hosts:
+                    - name: app
+                      domains: ["*"]
+{route_rate_limits}                      routes:
+                        - match: {{prefix: "/"}}
+                          route: {{cluster: app}}
+                http_filters:
+{lua}                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: {domain}
+                      timeout: {timeout}
+                      failure_mode_deny: {deny}
+                      enable_x_ratelimit_headers: DRAFT_VERSION_03
+{filter_rate_limits}                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {{envoy_grpc: {{cluster_name: portcullis}}}}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+    - name: app
+      address: {{socket_address: {{address: 127.0.0.1, port_value: {app}}}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: app
+                route_config:
+                  virtual_hosts:
+                    - name: app
+                      domains: ["*"]
+                      routes:
+                        - match: {{prefix: "/"}}
+                          direct_response: {{status: 200, body: {{inline_string: "hello from the app\n"}}}}
+{app_headers}                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: portcullis
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {{http2_protocol_options: {{}}}}
+      health_checks:
+        - timeout: 1s
+          interval: {interval}
+          unhealthy_threshold: 1
+          healthy_threshold: 1
+          grpc_health_check: {{service_name: ratelimit}}
+      load_assignment:
+        cluster_name: portcullis
+        endpoints:
+          - lb_endpoints:
+{endpoints}    - name: app
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: app
+        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {app}}}}}}}}}]}}]
+"#,
+            admin = self.admin,
+            ingress = self.ingress,
+            app = self.app,
+            domain = self.domain,
+            timeout = self.timeout,
+            deny = self.failure_mode_deny,
+            interval = self.health_interval,
+        )
+    }
+}
