@@ -36,6 +36,7 @@ async fn calls_per_second(url: &str, pool_size: u32, calls_per_caller: usize) ->
         limit,
         hits: 1,
         refund: false,
+        post_paid: false,
     };
     let mut answered = 0;
     for _ in 0..500 {
@@ -70,6 +71,7 @@ async fn calls_per_second(url: &str, pool_size: u32, calls_per_caller: usize) ->
                     limit,
                     hits: 1,
                     refund: false,
+                    post_paid: false,
                 };
                 for _ in 0..calls_per_caller {
                     let answers = store

@@ -18,7 +18,9 @@
 --       refused, no charge is made; refunds apply), 2 probe (nothing is written);
 --   its number of keys;
 --   for each of its keys, the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the same
---       algorithms' refunds) and five numbers whose meaning is the operation's.
+--       algorithms' refunds; 21, 22, 23 their post-paid charges: hits already consumed, recorded
+--       even when they do not fit, the reply still saying whether they did) and five numbers
+--       whose meaning is the operation's.
 -- Returns one string: the calls separated by ';', each call's keys by ',', each key's numbers by
 -- ' ' (common.lua's `reply`), as each algorithm function documents. An error reply (a table) ends
 -- the script call after what was admitted is written.
@@ -103,12 +105,15 @@ local function run(k, a, now, commit)
   local p, q, r, s, t = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
     tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local key = keys[k]
+  -- A post-paid charge is its algorithm's charge that records what does not fit.
+  local post_paid = op > 20
+  if post_paid then op = op - 20 end
   if op == 1 then
-    return sliding_window(state(key, 1, now, p), key, now, q, r, commit)
+    return sliding_window(state(key, 1, now, p), key, now, q, r, commit, post_paid)
   elseif op == 2 then
-    return token_bucket(state(key, 2, now, p), now, q, r, s, t, p, commit)
+    return token_bucket(state(key, 2, now, p), now, q, r, s, t, p, commit, post_paid)
   elseif op == 3 then
-    return fixed_window(state(key, 3, now, p), now, q, r, commit)
+    return fixed_window(state(key, 3, now, p), now, q, r, commit, post_paid)
   elseif op == 11 then
     release(key)
     return sliding_refund(key, now, p, r, commit)
@@ -132,7 +137,8 @@ for call = 1, tonumber(ARGV[1]) do
     -- Look first: a charge happens only if every charge of the call would pass.
     commit_charges = true
     for i = 0, count - 1 do
-      if tonumber(ARGV[a + 6 * i]) < 10 then
+      local op = tonumber(ARGV[a + 6 * i])
+      if op < 10 or op > 20 then
         local looked = run(k + i, a + 6 * i, now, false)
         if type(looked) == 'table' then flush_all() return looked end
         if string.byte(looked, 1) == 48 then commit_charges = false end -- '0': refused
@@ -141,8 +147,10 @@ for call = 1, tonumber(ARGV[1]) do
   end
   local results = {}
   for i = 0, count - 1 do
-    local refund = tonumber(ARGV[a + 6 * i]) > 10
-    local result = run(k + i, a + 6 * i, now, mode ~= 2 and (refund or commit_charges))
+    -- Refunds and post-paid charges apply whatever the call's other charges answer.
+    local op = tonumber(ARGV[a + 6 * i])
+    local always = op > 10
+    local result = run(k + i, a + 6 * i, now, mode ~= 2 and (always or commit_charges))
     -- What earlier calls were admitted is written before the error goes back.
     if type(result) == 'table' then flush_all() return result end
     results[i + 1] = result

@@ -39,13 +39,19 @@ local function fixed_open(key, now, window_us)
   return {window = window, count = count, stored_window = stored_window, dirty = false}
 end
 
-local function fixed_window(s, now, limit, hits, commit)
-  if hits <= math.max(limit - s.count, 0) then
+local function fixed_window(s, now, limit, hits, commit, post_paid)
+  -- A count past the limit (post-paid charges, a lowered limit) refuses even a check-only call.
+  if s.count + hits <= limit then
     if hits > 0 and commit then
       s.count = s.count + hits
       s.dirty = true
     end
     return reply(1, now, s.window, s.count)
+  end
+  if commit and post_paid and hits > 0 then
+    -- Consumed already: recorded all the same, up to 2^52 (fixed_window::MAX_COUNT).
+    s.count = math.min(s.count + hits, 4503599627370496)
+    s.dirty = true
   end
   return reply(0, now, s.window, s.count)
 end

@@ -75,8 +75,17 @@ local function sliding_open(key, now, sub_us)
     leaving = leaving, dirty = false, stored = nil}
 end
 
-local function sliding_window(s, key, now, limit, hits, commit)
-  if hits > math.max(limit - s.total, 0) then
+local function sliding_window(s, key, now, limit, hits, commit, post_paid)
+  -- A total past the limit (post-paid charges, a lowered limit) refuses even a check-only call.
+  if s.total + hits > limit then
+    if commit and post_paid and hits > 0 then
+      -- Consumed already: recorded all the same, up to the sub-window's 32-bit ceiling.
+      local before = s.count
+      s.count = math.min(s.count + hits, 4294967295)
+      s.total = s.total + (s.count - before)
+      s.last = s.newest
+      s.dirty = true
+    end
     -- Refused: nothing changes. The live sub-windows as stored (read once per script call), the
     -- newest one as it stands now.
     if s.stored == nil then s.stored = sliding_pairs(key, s.newest) end

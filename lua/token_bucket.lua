@@ -36,7 +36,7 @@ local function bucket_open(key, requests)
   return {tat = tat, frac = frac, dirty = false}
 end
 
-local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, commit)
+local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, commit, post_paid)
   local tat, frac = s.tat, s.frac
   if cost_q < 0 then return reply(0, now, tat, frac) end
   local base_t, base_f = now, 0
@@ -52,6 +52,13 @@ local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, comm
     if not commit or (cost_q == 0 and cost_r == 0) then return reply(1, now, tat, frac) end
     s.tat, s.frac, s.dirty = next_t, next_f, true
     return reply(1, now, next_t, next_f)
+  end
+  if commit and post_paid and (cost_q > 0 or cost_r > 0) then
+    -- Consumed already: TAT moves on all the same, at most 2^52 us ahead of now
+    -- (token_bucket::MAX_SPAN_US).
+    if ahead > 4503599627370496 then next_t, next_f = now + 4503599627370496, 0 end
+    s.tat, s.frac, s.dirty = next_t, next_f, true
+    return reply(0, now, next_t, next_f)
   end
   return reply(0, now, tat, frac)
 end

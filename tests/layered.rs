@@ -296,6 +296,7 @@ fn layered_checks(value: &str, hits: u64) -> Vec<portcullis::algorithm::Check> {
             limit: *limit,
             hits,
             refund: false,
+            post_paid: false,
         })
         .collect()
 }

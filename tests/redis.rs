@@ -163,6 +163,8 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                     },
                     // Some hits are given back (Envoy's is_negative_hits).
                     refund: rng.below(6) == 0,
+                    // Some are costs already consumed, recorded even past the limit.
+                    post_paid: rng.below(3) == 0,
                 })
                 .collect();
             let mode = random_mode(&mut rng);
@@ -205,6 +207,7 @@ async fn a_token_bucket_whose_rate_a_reload_lowers_keeps_an_honest_retry_time() 
         limit,
         hits: 1,
         refund: false,
+        post_paid: false,
     };
     let now = FUTURE_US;
     let first = [check(fast)];
@@ -242,6 +245,7 @@ async fn the_production_path_reads_redis_time_not_the_callers_clock() {
         limit,
         hits: 1,
         refund: false,
+        post_paid: false,
     };
     use portcullis::store::Store;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -966,6 +970,7 @@ fn check_of(name: &str, limit: Limit) -> Check {
         limit,
         hits: 1,
         refund: false,
+        post_paid: false,
     }
 }
 
@@ -1179,7 +1184,7 @@ async fn a_batch_over_slots_with_a_key_its_node_does_not_serve_changes_nothing()
     let calls = script::parse_reply(&reply).expect("a reply");
     assert_eq!(calls.len(), 2);
     for (call, check) in calls.iter().zip([&here[0], &here[1]]) {
-        let decision = script::decision(check, &call[0]).expect("a decision");
+        let decision = script::decision(check, &call[0], true).expect("a decision");
         assert!(decision.allowed);
         assert_eq!(decision.remaining, 4);
     }
@@ -1347,6 +1352,7 @@ fn scripts_match_the_model_on_extreme_parameters() {
                             _ => raw_hits % (limit.capacity() + 2),
                         },
                         refund: *refund,
+                        post_paid: false,
                     })
                     .collect();
                 let from_redis =
@@ -1409,12 +1415,15 @@ async fn one_script_call(
     calls
         .iter()
         .zip(replies)
-        .map(|((checks, _, _), per_key)| {
+        .map(|((checks, _, mode), per_key)| {
             assert_eq!(per_key.len(), checks.len());
+            let charged = *mode != ChargeMode::Probe;
             checks
                 .iter()
                 .zip(&per_key)
-                .map(|(check, numbers)| script::decision(check, numbers).expect("a decision"))
+                .map(|(check, numbers)| {
+                    script::decision(check, numbers, charged).expect("a decision")
+                })
                 .collect()
         })
         .collect()
@@ -1489,6 +1498,7 @@ async fn a_script_call_of_many_calls_on_hot_keys_decides_like_the_calls_one_by_o
                                 _ => 1 + rng.below(3),
                             },
                             refund: rng.below(10) == 0,
+                            post_paid: false,
                         }
                     })
                     .collect();
@@ -1542,6 +1552,7 @@ async fn calls_on_one_key_in_a_script_call_read_and_write_its_state_once() {
             limit,
             hits: 1,
             refund: false,
+            post_paid: false,
         };
         // Twice: a new key, then a key that already holds state.
         for (round, now) in [FUTURE_US, FUTURE_US + 1_000].into_iter().enumerate() {

@@ -1,7 +1,8 @@
 //! Fixed window, as the Go reference service counts: windows aligned on the epoch, one counter per
 //! window, reset when the next window starts. Allows up to twice the limit across a window edge;
 //! it exists for exact parity with envoyproxy/ratelimit. Unlike the Go service, denied hits are not
-//! counted.
+//! counted, except where they are post-paid (a rule's `post_paid`, and every rule in the Go
+//! drop-in mode, which counts as the Go service does: `record`).
 
 use super::{Decision, Limit, Outcome, us};
 
@@ -19,11 +20,24 @@ pub fn check(state: &mut FixedState, now_us: u64, limit: &Limit, hits: u64) -> O
     if window > state.window {
         *state = FixedState { window, count: 0 };
     }
-    let allowed = hits <= limit.requests.saturating_sub(state.count);
+    // A counter past its limit (post-paid charges, a reload that lowered it) refuses even a
+    // check-only call.
+    let allowed = state.count.saturating_add(hits) <= limit.requests;
     if allowed {
         state.count = state.count.saturating_add(hits);
     }
     summarize(state, now_us, limit, hits, allowed)
+}
+
+/// The most a window's counter holds: post-paid charges stop here, where the script's doubles
+/// are still exact.
+pub const MAX_COUNT: u64 = 1 << 52;
+
+/// Records `hits` that did not fit (a post-paid charge; `check` refused them and opened the
+/// window). Answered refused, with the window's end as the wait.
+pub fn record(state: &mut FixedState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    state.count = state.count.saturating_add(hits).min(MAX_COUNT);
+    summarize(state, now_us, limit, 0, false)
 }
 
 /// Gives `hits` back to the current window's counter, never below zero. A window already over

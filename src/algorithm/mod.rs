@@ -81,6 +81,11 @@ pub struct Check {
     /// Return `hits` to the budget instead of spending them (Envoy's `is_negative_hits`: charge an
     /// estimate up front, give back what was not used).
     pub refund: bool,
+    /// The hits were already consumed (a cost charged when Envoy's stream is done, an LLM's
+    /// tokens): they are recorded even when they do not fit, taking the counter past its limit,
+    /// and every later check is refused until it has drained back within it. The answer still
+    /// says whether they fit.
+    pub post_paid: bool,
 }
 
 /// How the checks of one call are charged.
@@ -202,11 +207,31 @@ pub fn refund(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outco
     }
 }
 
+/// Charges `hits` that were already consumed: admitted as `apply` admits when they fit, else
+/// recorded all the same (the counter goes past its limit, within each algorithm's ceiling) and
+/// answered refused, with the wait until a check-only call would pass again.
+pub fn charge_post_paid(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    // Envoy's hits_addend is 32 bits; the script takes no more.
+    let hits = hits.min(u64::from(u32::MAX));
+    let outcome = apply(state, now_us, limit, hits);
+    if outcome.decision.allowed || hits == 0 || limit.requests == 0 {
+        return outcome;
+    }
+    match state {
+        State::Sliding(s) => sliding_window::record(s, now_us, limit, hits),
+        State::Bucket(s) => token_bucket::record(s, now_us, limit, hits),
+        State::Fixed(s) => fixed_window::record(s, now_us, limit, hits),
+    }
+}
+
 /// Runs one check as its flags and the call's mode say: charge, refund, or only look (`commit`
 /// false: the state is left as it was and the decision says whether the hits would pass).
 pub fn run(state: &mut State, now_us: u64, check: &Check, commit: bool) -> Outcome {
     match (check.refund, commit) {
         (true, true) => refund(state, now_us, &check.limit, check.hits),
+        (false, true) if check.post_paid => {
+            charge_post_paid(state, now_us, &check.limit, check.hits)
+        }
         (false, true) => apply(state, now_us, &check.limit, check.hits),
         (_, false) => {
             let mut copy = state.clone();

@@ -107,11 +107,13 @@ impl SlidingState {
         self.newest = bucket;
     }
 
+    /// Adds to the newest sub-window; admitted hits always fit (total + hits <= capacity <=
+    /// u32::MAX), post-paid ones stop at the sub-window's 32-bit ceiling (the script does too).
     fn add(&mut self, hits: u64) {
-        // Admitted hits fit: total + hits <= capacity <= u32::MAX.
         let hits32 = u32::try_from(hits).unwrap_or(u32::MAX);
-        self.counts[SLOTS - 1] = self.counts[SLOTS - 1].saturating_add(hits32);
-        self.total += u64::from(hits32);
+        let before = self.counts[SLOTS - 1];
+        self.counts[SLOTS - 1] = before.saturating_add(hits32);
+        self.total += u64::from(self.counts[SLOTS - 1] - before);
     }
 }
 
@@ -120,13 +122,23 @@ pub fn check(state: &mut SlidingState, now_us: u64, limit: &Limit, hits: u64) ->
     let sub_us = sub_window_us(limit.window_us);
     state.advance(now_us / sub_us);
     let used = state.total();
-    let allowed = hits <= capacity(limit).saturating_sub(used);
+    // A counter past its limit (post-paid charges, a reload that lowered it) refuses even a
+    // check-only call.
+    let allowed = used.saturating_add(hits) <= capacity(limit);
     if allowed {
         state.add(hits);
     }
     let outcome = summarize(state, now_us, limit, hits, allowed);
     debug_assert!(allowed || outcome.decision.remaining == limit.requests.saturating_sub(used));
     outcome
+}
+
+/// Records `hits` that did not fit (a post-paid charge; `check` refused them): the newest
+/// sub-window takes them, up to its 32-bit ceiling. Answered refused, with the wait until the
+/// total is back within the limit.
+pub fn record(state: &mut SlidingState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    state.add(hits);
+    summarize(state, now_us, limit, 0, false)
 }
 
 /// Takes `hits` back from the newest sub-windows first (the spending that would be remembered

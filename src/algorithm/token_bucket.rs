@@ -101,6 +101,31 @@ pub fn check(state: &mut BucketState, now_us: u64, limit: &Limit, hits: u64) -> 
     summarize(state, now_us, limit, hits, allowed)
 }
 
+/// Records `hits` tokens that did not fit (a post-paid charge; `check` refused them): TAT moves
+/// on by their span all the same, at most `MAX_SPAN_US` ahead of now (the script's ceiling too).
+/// Answered refused, with the wait until the bucket is back within its burst.
+pub fn record(state: &mut BucketState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    let cost = span_of(hits, limit);
+    let start = base(&at_rate(state, limit.requests), now_us);
+    let frac = start.frac + cost.remainder;
+    let carry = u64::from(frac >= limit.requests);
+    let tat_us = start.tat_us.saturating_add(cost.quotient_us + carry);
+    *state = if tat_us - now_us > MAX_SPAN_US {
+        BucketState {
+            tat_us: now_us + MAX_SPAN_US,
+            frac: 0,
+            rate: limit.requests,
+        }
+    } else {
+        BucketState {
+            tat_us,
+            frac: frac - carry * limit.requests,
+            rate: limit.requests,
+        }
+    };
+    summarize(state, now_us, limit, 0, false)
+}
+
 /// Gives `hits` tokens back: TAT moves earlier by their span, never before now (a full bucket).
 /// Exact like `check`: the fraction borrows from the whole microseconds.
 pub fn refund(state: &mut BucketState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {

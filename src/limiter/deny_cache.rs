@@ -201,6 +201,7 @@ mod tests {
             limit: LIMIT,
             hits: 1,
             refund: false,
+            post_paid: false,
         }
     }
 

@@ -134,9 +134,17 @@ impl Limiter {
             cache.forget(&check.key);
         }
         let now = Instant::now();
+        // Refunds and post-paid charges must reach the counter whatever it answers.
+        let must_count = |c: &Check| c.refund || (c.post_paid && c.hits > 0);
         let cached: Vec<Option<Decision>> = checks
             .iter()
-            .map(|c| if c.refund { None } else { cache.lookup(c, now) })
+            .map(|c| {
+                if must_count(c) {
+                    None
+                } else {
+                    cache.lookup(c, now)
+                }
+            })
             .collect();
         let hits = cached.iter().filter(|c| c.is_some()).count();
         // The usual case, nothing cached: the checks go to the store as they are, uncopied.
@@ -184,13 +192,15 @@ impl Limiter {
         Ok(decisions)
     }
 
-    /// Refunds run, charges only looked at: for an all-or-nothing call already refused.
+    /// Refunds and post-paid charges run, other charges only looked at: for an all-or-nothing
+    /// call already refused.
     async fn refunds_applied_charges_probed(
         &self,
         checks: &[Check],
     ) -> Result<Vec<(Decision, bool)>, StoreError> {
+        let applied = |c: &Check| c.refund || c.post_paid;
         let (refunds, charges): (Vec<Check>, Vec<Check>) =
-            checks.iter().cloned().partition(|c| c.refund);
+            checks.iter().cloned().partition(applied);
         let mut refunded = self
             .check_store(&refunds, ChargeMode::EachAlone)
             .await?
@@ -202,7 +212,7 @@ impl Limiter {
         checks
             .iter()
             .map(|c| {
-                let next = if c.refund {
+                let next = if applied(c) {
                     refunded.next()
                 } else {
                     probed.next()

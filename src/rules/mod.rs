@@ -117,6 +117,10 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// Over its limit alone it does not make the call OVER_LIMIT (see the service).
     pub quota_mode: bool,
+    /// Every hit is recorded, admitted or not: costs known only after the fact (an LLM's
+    /// tokens, charged when Envoy's stream is done) take the counter past its limit, and later
+    /// checks are refused until it drains (`algorithm::Check::post_paid`).
+    pub post_paid: bool,
     pub detailed_metric: bool,
     /// The descriptor's `metadata`, handed back in the response's dynamic metadata.
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
@@ -186,6 +190,9 @@ impl Rule {
             if self.quota_mode {
                 text.push_str(", quota_mode");
             }
+            if self.post_paid {
+                text.push_str(", post_paid");
+            }
             return text;
         }
         match (&self.limit, self.unit) {
@@ -202,6 +209,9 @@ impl Rule {
                 }
                 if self.quota_mode {
                     text.push_str(", quota_mode");
+                }
+                if self.post_paid {
+                    text.push_str(", post_paid");
                 }
                 if let Some(name) = &self.name {
                     text.push_str(&format!(", name {name:?}"));

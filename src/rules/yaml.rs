@@ -33,6 +33,8 @@ struct DescriptorYaml {
     descriptors: Option<Vec<Spanned<DescriptorYaml>>>,
     shadow_mode: Option<bool>,
     quota_mode: Option<bool>,
+    /// Hits are costs already consumed, recorded even past the limit (Portcullis' own field).
+    post_paid: Option<bool>,
     detailed_metric: Option<bool>,
     value_to_metric: Option<bool>,
     share_threshold: Option<Spanned<bool>>,
@@ -99,6 +101,7 @@ pub const MAX_LAYERS: usize = 8;
 struct Flags {
     shadow_mode: bool,
     quota_mode: bool,
+    post_paid: bool,
     detailed_metric: bool,
     metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
@@ -206,6 +209,7 @@ impl Ctx<'_> {
             let flags = Flags {
                 shadow_mode: d.shadow_mode.unwrap_or(false),
                 quota_mode: d.quota_mode.unwrap_or(false),
+                post_paid: d.post_paid.unwrap_or(false),
                 detailed_metric: d.detailed_metric.unwrap_or(false),
                 metadata: d.metadata.filter(|m| !m.is_empty()).map(Arc::new),
             };
@@ -493,6 +497,7 @@ impl Ctx<'_> {
             replaces,
             shadow_mode: flags.shadow_mode,
             quota_mode: flags.quota_mode,
+            post_paid: flags.post_paid,
             detailed_metric: flags.detailed_metric,
             metadata: flags.metadata,
             source: Some(self.source(line)),

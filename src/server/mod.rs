@@ -205,6 +205,10 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         },
         dynamic_metadata: settings.response_dynamic_metadata,
         override_algorithm: settings.override_algorithm,
+        // The Go service counts every hit, refused or not (INCRBY, then compare), unless told to
+        // stop charging over the limit: drop-in mode counts the same, so Go rules keep meaning.
+        post_paid_everywhere: settings.env_compat.as_deref() == Some("go")
+            && !settings.stop_charging_when_over,
         max_descriptors: settings.max_descriptors,
         max_entries: settings.max_entries,
         max_string_bytes: settings.max_string_bytes,

@@ -45,6 +45,9 @@ pub struct ServiceConfig {
     pub dynamic_metadata: bool,
     /// The algorithm of limits a request carries (the Go service counts them in fixed windows).
     pub override_algorithm: Algorithm,
+    /// Every hit is recorded, admitted or not, on every rule (the Go service's counting, for
+    /// the drop-in mode): as if each rule said `post_paid: true`.
+    pub post_paid_everywhere: bool,
     pub max_descriptors: usize,
     pub max_entries: usize,
     /// Longest domain, key or value, in bytes.
@@ -61,6 +64,7 @@ impl Default for ServiceConfig {
             charge: ChargeMode::EachAlone,
             dynamic_metadata: false,
             override_algorithm: Algorithm::FixedWindow,
+            post_paid_everywhere: false,
             max_descriptors: 512,
             max_entries: 64,
             max_string_bytes: 1024,
@@ -122,7 +126,7 @@ impl Decider {
                     &request.domain,
                     d,
                     request_hits,
-                    self.config.override_algorithm,
+                    &self.config,
                 )
             })
             .collect();
@@ -426,8 +430,9 @@ fn plan(
     domain: &str,
     d: &RateLimitDescriptor,
     request_hits: u64,
-    override_algorithm: Algorithm,
+    config: &ServiceConfig,
 ) -> Planned {
+    let override_algorithm = config.override_algorithm;
     // A per-descriptor hits_addend wins when present, even 0 ("check only").
     let hits = d.hits_addend.unwrap_or(request_hits);
     let lookup = rules.resolve(domain, &d.entries);
@@ -452,6 +457,7 @@ fn plan(
                     replaces: Vec::new(),
                     shadow_mode: false,
                     quota_mode: false,
+                    post_paid: false,
                     detailed_metric: false,
                     metadata: None,
                     source: None,
@@ -481,11 +487,13 @@ fn plan(
             d.limit.as_ref().map(|o| u64::from(o.requests_per_unit)),
         )
     };
+    let post_paid = config.post_paid_everywhere || rule.as_ref().is_some_and(|r| r.post_paid);
     let check_of = |key: String, limit: Limit| Check {
         key,
         limit,
         hits,
         refund: d.is_negative_hits,
+        post_paid,
     };
     let mut layers = Vec::new();
     let check = match rule.as_ref() {

@@ -119,7 +119,8 @@ impl MemoryStore {
                 checks
                     .iter()
                     .map(|check| {
-                        let commit = all || check.refund;
+                        // Post-paid hits were consumed whatever the call's answer.
+                        let commit = all || check.refund || check.post_paid;
                         self.run_in(&mut guards[position(check)], check, now_us, commit)
                     })
                     .collect()
@@ -165,7 +166,9 @@ impl MemoryStore {
         // Only what spends or gives back changes the entry. A refusal or a call of no hits leaves
         // it exactly as it was (state and expiry), as the Redis scripts leave the key: dropping
         // or advancing it would forget spending that a clock stepping back makes count again.
-        let changes = commit && outcome.decision.allowed && (check.refund || check.hits > 0);
+        // Post-paid hits are recorded refused or not.
+        let recorded = outcome.decision.allowed || check.post_paid;
+        let changes = commit && recorded && (check.refund || check.hits > 0);
         if !changes {
             return Ok(outcome.decision);
         }
@@ -304,6 +307,7 @@ mod tests {
             },
             hits: 1,
             refund: false,
+            post_paid: false,
         }
     }
 

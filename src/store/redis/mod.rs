@@ -236,7 +236,7 @@ impl RedisStore {
                 let reply = replies.pop().ok_or_else(|| {
                     StoreError::Protocol("script answered fewer results than keys".into())
                 })??;
-                script::decision(check, &reply)
+                script::decision(check, &reply, mode != ChargeMode::Probe)
             })
             .collect()
     }
@@ -313,11 +313,12 @@ impl RedisStore {
         let all_pass = checks.iter().zip(&looked).all(|(check, answer)| {
             check.refund || answer.as_ref().is_ok_and(|reply| script::allowed(reply))
         });
-        // Refunds always apply; charges only when every one would pass.
+        // Refunds and post-paid charges always apply; other charges only when every one would
+        // pass.
         let to_run: Vec<&Check> = checks
             .iter()
             .copied()
-            .filter(|c| all_pass || c.refund)
+            .filter(|c| all_pass || c.refund || c.post_paid)
             .collect();
         let mut ran = self
             .each_on_cluster(&to_run, clock, deadline, ChargeMode::EachAlone)
@@ -327,7 +328,7 @@ impl RedisStore {
             .iter()
             .zip(looked)
             .map(|(check, looked)| {
-                if all_pass || check.refund {
+                if all_pass || check.refund || check.post_paid {
                     ran.next().unwrap_or_else(|| {
                         Err(StoreError::Protocol(
                             "a second step answered too little".into(),

@@ -31,6 +31,10 @@ pub static SHA: LazyLock<String> =
 /// Arguments per key after the clock and mode arguments.
 pub const ARGS_PER_KEY: usize = 6;
 
+/// Added to a charge's operation number when its hits are post-paid (recorded even when they
+/// do not fit): 21, 22, 23.
+pub const POST_PAID_OP: i64 = 20;
+
 /// The script's number for a call's charge mode (ARGV[2]).
 pub fn mode_arg(mode: ChargeMode) -> i64 {
     match mode {
@@ -71,9 +75,17 @@ pub fn push_call(checks: &[&Check], clock: ScriptClock, mode: ChargeMode, args: 
 
 /// Pushes the six numbers of one check. Hits above the limit's capacity are clamped to one more
 /// than the capacity: they are refused either way, and every number stays exact in a Lua double.
+/// Post-paid hits are recorded even when refused, so they are sent as they are (up to 2^32, the
+/// most Envoy's `hits_addend` carries), under the operation's number + 20.
 pub fn push_args(check: &Check, args: &mut Vec<i64>) {
     let limit = &check.limit;
-    let hits = check.hits.min(limit.capacity().saturating_add(1));
+    let post_paid = check.post_paid && !check.refund;
+    let hits = if post_paid {
+        check.hits.min(u64::from(u32::MAX))
+    } else {
+        check.hits.min(limit.capacity().saturating_add(1))
+    };
+    let op = |base: i64| if post_paid { base + POST_PAID_OP } else { base };
     let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     if check.refund {
         // A refund is not bounded by the capacity (a counter written under a larger limit may
@@ -112,7 +124,7 @@ pub fn push_args(check: &Check, args: &mut Vec<i64>) {
     }
     match limit.algorithm {
         Algorithm::SlidingWindow => args.extend([
-            1,
+            op(1),
             as_i64(sliding_window::sub_window_us(limit.window_us)),
             as_i64(limit.requests),
             as_i64(hits),
@@ -121,14 +133,14 @@ pub fn push_args(check: &Check, args: &mut Vec<i64>) {
         ]),
         Algorithm::TokenBucket => {
             let tolerance = token_bucket::span_of(limit.burst, limit);
-            let (cost_q, cost_r) = if hits > limit.burst {
+            let (cost_q, cost_r) = if hits > limit.burst && !post_paid {
                 (-1, 0)
             } else {
                 let cost = token_bucket::span_of(hits, limit);
                 (as_i64(cost.quotient_us), as_i64(cost.remainder))
             };
             args.extend([
-                2,
+                op(2),
                 as_i64(limit.requests),
                 cost_q,
                 cost_r,
@@ -137,7 +149,7 @@ pub fn push_args(check: &Check, args: &mut Vec<i64>) {
             ]);
         }
         Algorithm::FixedWindow => args.extend([
-            3,
+            op(3),
             as_i64(limit.window_us.max(1)),
             as_i64(limit.requests),
             as_i64(hits),
@@ -205,13 +217,16 @@ pub fn allowed(numbers: &[u64]) -> bool {
 }
 
 /// Turns one key's reply into the decision, with the same Rust code as the memory store.
-pub fn decision(check: &Check, numbers: &[u64]) -> Result<Decision, StoreError> {
+/// `charged`: the call could charge (not a probe), so refused post-paid hits were recorded and
+/// the wait is the one until a check-only call passes (as `algorithm::charge_post_paid` says).
+pub fn decision(check: &Check, numbers: &[u64], charged: bool) -> Result<Decision, StoreError> {
     let [allowed, now_us, rest @ ..] = numbers else {
         return Err(protocol(format!("reply too short: {numbers:?}")));
     };
     let (allowed, now_us) = (*allowed == 1, *now_us);
     let limit = &check.limit;
-    let hits = check.hits;
+    let recorded = check.post_paid && !check.refund && charged && !allowed && check.hits > 0;
+    let hits = if recorded { 0 } else { check.hits };
     let outcome: Outcome = match limit.algorithm {
         Algorithm::SlidingWindow => {
             let [total, last, pairs @ ..] = rest else {

@@ -1,0 +1,171 @@
+//! LLM token budgets behind a real Envoy 1.40, set up as Envoy Gateway and Envoy AI Gateway set
+//! them up: the ratelimit filter's own `rate_limits` hold a check on the request path
+//! (`hits_addend: {number: 0}`) and the real cost, charged when the stream is done
+//! (`apply_on_stream_done: true`, `hits_addend` from dynamic metadata that the upstream's usage
+//! sets). 100 tokens an hour, 40 tokens a response: three requests pass, the fourth is refused.
+//! Natively with `post_paid: true` (memory store, standalone Redis), and in the Go drop-in mode
+//! with the Go service's rules unchanged (Redis).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::envoy::{self, Gateway};
+use common::process::ServeProcess;
+use common::redis::{RedisServer, free_port};
+use portcullis::pb::RateLimitServiceClient;
+
+/// The filter's own rate limits: a check on the request, the tokens when the stream is done.
+const FILTER_RATE_LIMITS: &str = r#"- actions:
+    - generic_key: {descriptor_key: budget, descriptor_value: tenant-a}
+  hits_addend: {number: 0}
+- actions:
+    - generic_key: {descriptor_key: budget, descriptor_value: tenant-a}
+  apply_on_stream_done: true
+  hits_addend: {format: "%DYNAMIC_METADATA(portcullis.tokens:tokens)%"}
+"#;
+
+/// The upstream's usage (here a response header the stand-in app sets) into dynamic metadata.
+const LUA: &str = r#"function envoy_on_response(handle)
+  local tokens = handle:headers():get("x-usage-tokens")
+  if tokens ~= nil then
+    handle:streamInfo():dynamicMetadata():set("portcullis.tokens", "tokens", tokens)
+  end
+end
+"#;
+
+const NATIVE_RULES: &str = "domain: llm\ndescriptors:\n  - key: budget\n    post_paid: true\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+
+const GO_RULES: &str = "domain: llm\ndescriptors:\n  - key: budget\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
+
+fn gateway(grpc_port: u16) -> Gateway {
+    let mut g = Gateway::new("llm", &[grpc_port]);
+    g.filter_rate_limits = FILTER_RATE_LIMITS.into();
+    g.lua = LUA.into();
+    g.app_headers = vec![("x-usage-tokens".into(), "40".into())];
+    g
+}
+
+/// What remains of the budget, asked with a check-only call (which spends nothing).
+async fn remaining(grpc_port: u16) -> u32 {
+    let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc_port}"))
+        .await
+        .expect("connect");
+    let mut probe = common::request("llm", &[&[("budget", "tenant-a")]]);
+    probe.descriptors[0].hits_addend = Some(0);
+    let answer = client.should_rate_limit(probe).await.expect("answered");
+    answer.into_inner().statuses[0].limit_remaining
+}
+
+/// Requests through Envoy, each after the previous one's tokens were charged (Envoy charges when
+/// the stream is done, after the client has its answer): the statuses.
+async fn run_budget(g: &Gateway, grpc_port: u16) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for request in 0..5u32 {
+        let r = envoy::get(g.ingress_addr(), None, "/v1/chat/completions", &[]).await;
+        statuses.push(r.status);
+        if r.status != 200 {
+            continue;
+        }
+        let expected = 100u32.saturating_sub(40 * (request + 1));
+        let started = std::time::Instant::now();
+        while remaining(grpc_port).await != expected {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the tokens of response {request} were never charged (remaining {}, expected {expected})",
+                remaining(grpc_port).await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    statuses
+}
+
+/// Waits past the top of the hour if it is under 20 s away, so that the Go service's fixed hour
+/// window cannot turn over in the middle of a test.
+fn clear_of_hour_boundary() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let left = 3600 - now % 3600;
+    if left < 20 {
+        std::thread::sleep(Duration::from_secs(left + 1));
+    }
+}
+
+fn rules_dir(rules: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("llm.yaml"), rules).expect("write rules");
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_charged_at_stream_end_is_enforced_on_memory() {
+    let rules = rules_dir(NATIVE_RULES);
+    let portcullis = ServeProcess::spawn(rules.path(), &[], &[], &[]);
+    let g = gateway(portcullis.grpc_port);
+    let _envoy = g.start();
+    // 40, 80, then 120 of 100 recorded: the fourth request is refused, and so is every later one.
+    assert_eq!(
+        run_budget(&g, portcullis.grpc_port).await,
+        vec![200, 200, 200, 429, 429]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_charged_at_stream_end_is_enforced_on_redis() {
+    let redis = RedisServer::start();
+    let rules = rules_dir(NATIVE_RULES);
+    let portcullis = ServeProcess::spawn(
+        rules.path(),
+        &["--store", "redis", "--redis-url", &redis.url()],
+        &[],
+        &[],
+    );
+    let g = gateway(portcullis.grpc_port);
+    let _envoy = g.start();
+    assert_eq!(
+        run_budget(&g, portcullis.grpc_port).await,
+        vec![200, 200, 200, 429, 429]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_go_drop_in_mode_counts_every_hit_as_the_go_service_does() {
+    clear_of_hour_boundary();
+    let redis = RedisServer::start();
+    let root = tempfile::tempdir().expect("temp dir");
+    let dir = root.path().join("current/ratelimit/config");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("llm.yaml"), GO_RULES).unwrap();
+    let grpc_port = free_port();
+    let envs = vec![
+        ("HOST", "127.0.0.1".to_owned()),
+        ("PORT", free_port().to_string()),
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", grpc_port.to_string()),
+        ("DEBUG_HOST", "127.0.0.1".into()),
+        ("DEBUG_PORT", free_port().to_string()),
+        (
+            "RUNTIME_ROOT",
+            path_str(&root.path().join("current")).to_owned(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("USE_STATSD", "false".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+    ];
+    let _portcullis = ServeProcess::spawn_as_ratelimit(&envs);
+    let g = gateway(grpc_port);
+    let _envoy = g.start();
+    assert_eq!(
+        run_budget(&g, grpc_port).await,
+        vec![200, 200, 200, 429, 429]
+    );
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
