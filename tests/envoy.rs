@@ -6,6 +6,7 @@ mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::envoy::{self, Envoy, ShippedPorts};
 use common::process::ServeProcess;
@@ -260,4 +261,40 @@ fn bootstrap_with_filter(filter: &str) -> String {
         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 8081}}}}}}}}]}}]
 "#
     )
+}
+
+/// The shipped bootstrap's health check sees a replica that got SIGTERM as unhealthy while the
+/// replica still answers (its default drain period, 5 s), so Envoy moves away before the listener
+/// closes. (With Envoy's default no_traffic_interval, a minute, it did not: rate-limit calls are
+/// not traffic to Envoy's health checker.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_health_check_sees_a_drain_before_the_listener_closes() {
+    let rules = root().join("deploy/kubernetes/base/rules");
+    let portcullis = ServeProcess::spawn(&rules, &[], &[], &[]);
+    let ports = ShippedPorts::around(portcullis.grpc_port);
+    let proxy = Envoy::start(&envoy::shipped_config(ports), ports.admin);
+    let flags = || {
+        let (_, body) = proxy.admin("/clusters").unwrap_or_default();
+        let prefix = format!("portcullis::127.0.0.1:{}::health_flags::", ports.portcullis);
+        body.lines()
+            .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+            .unwrap_or_default()
+    };
+    common::redis::wait_until(
+        "Envoy to see Portcullis healthy",
+        Duration::from_secs(10),
+        || flags() == "healthy",
+    );
+    portcullis.signal("TERM");
+    let sent = Instant::now();
+    common::redis::wait_until(
+        "Envoy to see the draining replica unhealthy",
+        Duration::from_secs(5),
+        || flags().contains("failed_active_hc"),
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", portcullis.grpc_port)).is_ok(),
+        "seen unhealthy only after the listener closed ({:?} after SIGTERM)",
+        sent.elapsed()
+    );
 }

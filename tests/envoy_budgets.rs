@@ -3,7 +3,7 @@
 //! (`hits_addend: {number: 0}`) and the real cost, charged when the stream is done
 //! (`apply_on_stream_done: true`, `hits_addend` from dynamic metadata that the upstream's usage
 //! sets). 100 tokens an hour, 40 tokens a response: three requests pass, the fourth is refused.
-//! Natively with `post_paid: true` (memory store, standalone Redis), and in the Go drop-in mode
+//! Natively with `post_paid: true` (memory store, standalone Redis, Cluster), and in the Go drop-in mode
 //! with the Go service's rules unchanged (Redis).
 
 mod common;
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::envoy::{self, Gateway};
 use common::process::ServeProcess;
-use common::redis::{RedisServer, free_port};
+use common::redis::{RedisCluster, RedisServer, free_port};
 use portcullis::pb::RateLimitServiceClient;
 
 /// The filter's own rate limits: a check on the request, the tokens when the stream is done.
@@ -121,6 +121,25 @@ async fn a_token_budget_charged_at_stream_end_is_enforced_on_redis() {
     let portcullis = ServeProcess::spawn(
         rules.path(),
         &["--store", "redis", "--redis-url", &redis.url()],
+        &[],
+        &[],
+    );
+    let g = gateway(portcullis.grpc_port);
+    let _envoy = g.start();
+    assert_eq!(
+        run_budget(&g, portcullis.grpc_port).await,
+        vec![200, 200, 200, 429, 429]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_charged_at_stream_end_is_enforced_on_cluster() {
+    let cluster = RedisCluster::start();
+    let rules = rules_dir(NATIVE_RULES);
+    let seeds = cluster.seeds().join(",");
+    let portcullis = ServeProcess::spawn(
+        rules.path(),
+        &["--store", "redis", "--redis-cluster", &seeds],
         &[],
         &[],
     );

@@ -456,6 +456,7 @@ static_resources:
       health_checks:
         - timeout: 1s
           interval: {interval}
+          no_traffic_interval: {interval}
           unhealthy_threshold: 1
           healthy_threshold: 1
           grpc_health_check: {{service_name: ratelimit}}
