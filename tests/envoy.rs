@@ -142,8 +142,9 @@ async fn the_shipped_bootstrap_limits_each_descriptor_with_envoys_headers() {
     assert_draft03(&r, "3", "3;w=60", 0);
 }
 
-/// Every Envoy config the project ships, whole (bootstraps) or as the filter an Istio
-/// EnvoyFilter inserts (wrapped in a minimal bootstrap), is accepted by Envoy 1.40.
+/// Every Envoy config the project ships, whole (bootstraps), as the filter an Istio EnvoyFilter
+/// inserts, or as README's filter snippets (wrapped in a minimal bootstrap), is accepted by
+/// Envoy 1.40.
 #[test]
 fn every_shipped_envoy_config_validates() {
     let shipped = envoy::shipped_config(ShippedPorts {
@@ -160,12 +161,23 @@ fn every_shipped_envoy_config_validates() {
     ] {
         let text = std::fs::read_to_string(root().join(file)).expect(file);
         for filter in http_filters_of(&text) {
-            envoy::validate(&bootstrap_with_filter(&filter))
+            let item: String = filter
+                .lines()
+                .enumerate()
+                .map(|(i, l)| format!("{}{l}\n", if i == 0 { "- " } else { "  " }))
+                .collect();
+            envoy::validate(&bootstrap_with_filters(&item))
                 .unwrap_or_else(|e| panic!("{file}: the inserted filter:\n{filter}\n{e}"));
             filters += 1;
         }
     }
     assert!(filters >= 2, "found {filters} inserted filters");
+    let readme = envoy::readme_envoy_blocks();
+    assert!(!readme.is_empty(), "README's token-budget filters");
+    for block in readme {
+        envoy::validate(&bootstrap_with_filters(&block))
+            .unwrap_or_else(|e| panic!("README.md:\n{block}\n{e}"));
+    }
 }
 
 /// The `value:` of each HTTP_FILTER patch of an EnvoyFilter file, as YAML text.
@@ -208,26 +220,21 @@ fn http_filters_of(text: &str) -> Vec<String> {
     out
 }
 
-/// A bootstrap with one listener whose HTTP filters are `filter` then the router, and the
-/// cluster names the filter may point at.
-fn bootstrap_with_filter(filter: &str) -> String {
-    let cluster_name = filter
+/// A bootstrap with one listener whose HTTP filters are `items` (YAML list items) then the
+/// router, and the cluster the filters point at.
+fn bootstrap_with_filters(items: &str) -> String {
+    let cluster_name = items
         .lines()
-        .find_map(|l| l.trim().strip_prefix("cluster_name: "))
+        .find_map(|l| {
+            let at = l.find("cluster_name: ")?;
+            Some(l[at + "cluster_name: ".len()..].trim_end_matches(['}', ' ']))
+        })
         .unwrap_or("portcullis")
         .trim()
         .to_owned();
-    let filter: String = filter
+    let filter: String = items
         .lines()
-        .enumerate()
-        .map(|(i, l)| {
-            let prefix = if i == 0 {
-                "                - "
-            } else {
-                "                  "
-            };
-            format!("{prefix}{l}\n")
-        })
+        .map(|l| format!("                {l}\n"))
         .collect();
     format!(
         r#"static_resources:

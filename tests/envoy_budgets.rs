@@ -1,5 +1,5 @@
-//! LLM token budgets behind a real Envoy 1.40, set up as Envoy Gateway and Envoy AI Gateway set
-//! them up: the ratelimit filter's own `rate_limits` hold a check on the request path
+//! LLM token budgets behind a real Envoy 1.40, with README's config, set up as Envoy Gateway and
+//! Envoy AI Gateway set them up: the ratelimit filter's own `rate_limits` hold a check on the request path
 //! (`hits_addend: {number: 0}`) and the real cost, charged when the stream is done
 //! (`apply_on_stream_done: true`, `hits_addend` from dynamic metadata that the upstream's usage
 //! sets). 100 tokens an hour, 40 tokens a response: three requests pass, the fourth is refused.
@@ -16,33 +16,19 @@ use common::process::ServeProcess;
 use common::redis::{RedisCluster, RedisServer, free_port};
 use portcullis::pb::RateLimitServiceClient;
 
-/// The filter's own rate limits: a check on the request, the tokens when the stream is done.
-const FILTER_RATE_LIMITS: &str = r#"- actions:
-    - generic_key: {descriptor_key: budget, descriptor_value: tenant-a}
-  hits_addend: {number: 0}
-- actions:
-    - generic_key: {descriptor_key: budget, descriptor_value: tenant-a}
-  apply_on_stream_done: true
-  hits_addend: {format: "%DYNAMIC_METADATA(portcullis.tokens:tokens)%"}
-"#;
-
-/// The upstream's usage (here a response header the stand-in app sets) into dynamic metadata.
-const LUA: &str = r#"function envoy_on_response(handle)
-  local tokens = handle:headers():get("x-usage-tokens")
-  if tokens ~= nil then
-    handle:streamInfo():dynamicMetadata():set("portcullis.tokens", "tokens", tokens)
-  end
-end
-"#;
-
 const NATIVE_RULES: &str = "domain: llm\ndescriptors:\n  - key: budget\n    post_paid: true\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
 
 const GO_RULES: &str = "domain: llm\ndescriptors:\n  - key: budget\n    rate_limit:\n      unit: hour\n      requests_per_unit: 100\n";
 
+/// The gateway with README's filters, as a user copies them ("LLM token budgets behind Envoy"):
+/// a Lua filter that puts the upstream's usage into dynamic metadata, and the ratelimit filter's
+/// own rate limits, a check on the request and the tokens when the stream is done.
 fn gateway(grpc_port: u16) -> Gateway {
     let mut g = Gateway::new("llm", &[grpc_port]);
-    g.filter_rate_limits = FILTER_RATE_LIMITS.into();
-    g.lua = LUA.into();
+    g.http_filters = envoy::readme_envoy_blocks()
+        .into_iter()
+        .find(|b| b.contains("apply_on_stream_done"))
+        .expect("README's token-budget filters");
     g.app_headers = vec![("x-usage-tokens".into(), "40".into())];
     g
 }

@@ -286,7 +286,7 @@ pub async fn try_get(
 }
 
 /// A gateway for the scenarios: one ingress listener with the ratelimit filter (domain, timeout,
-/// `failure_mode_deny`, route-level or filter-level `rate_limits`), an app listener behind it
+/// `failure_mode_deny`, route-level `rate_limits`, or filters given whole), an app listener behind it
 /// that answers 200 with `app_headers`, and Portcullis as a gRPC cluster of one or more
 /// endpoints, health checked on the `ratelimit` service as the shipped bootstrap does.
 #[derive(Debug, Clone)]
@@ -300,12 +300,12 @@ pub struct Gateway {
     pub failure_mode_deny: bool,
     /// YAML list items under the virtual host's `rate_limits:` (indented by the caller: none).
     pub route_rate_limits: String,
-    /// YAML list items under the filter's own `rate_limits:` (empty: none).
-    pub filter_rate_limits: String,
     /// Response headers the app adds.
     pub app_headers: Vec<(String, String)>,
-    /// Lua source run on the ingress listener before the ratelimit filter (empty: none).
-    pub lua: String,
+    /// YAML list items that replace the ratelimit filter built from the fields above (the router
+    /// follows):
+    /// a config a user copies, such as one of README's (empty: built from the fields above).
+    pub http_filters: String,
     pub health_interval: String,
 }
 
@@ -320,9 +320,8 @@ impl Gateway {
             timeout: "0.02s".into(),
             failure_mode_deny: false,
             route_rate_limits: String::new(),
-            filter_rate_limits: String::new(),
             app_headers: Vec::new(),
-            lua: String::new(),
+            http_filters: String::new(),
             health_interval: "5s".into(),
         }
     }
@@ -349,26 +348,25 @@ impl Gateway {
                 indent(&self.route_rate_limits, 24)
             )
         };
-        let filter_rate_limits = if self.filter_rate_limits.is_empty() {
-            String::new()
-        } else {
+        let filters = if self.http_filters.is_empty() {
             format!(
-                "                      rate_limits:\n{}",
-                indent(&self.filter_rate_limits, 24)
-            )
-        };
-        let lua = if self.lua.is_empty() {
-            String::new()
-        } else {
-            format!(
-                r#"                  - name: envoy.filters.http.lua
+                r#"                  - name: envoy.filters.http.ratelimit
                     typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
-                      default_source_code:
-                        inline_string: |
-{}"#,
-                indent(&self.lua, 26)
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: {domain}
+                      timeout: {timeout}
+                      failure_mode_deny: {deny}
+                      enable_x_ratelimit_headers: DRAFT_VERSION_03
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {{envoy_grpc: {{cluster_name: portcullis}}}}
+"#,
+                domain = self.domain,
+                timeout = self.timeout,
+                deny = self.failure_mode_deny,
             )
+        } else {
+            indent(&self.http_filters, 18)
         };
         let app_headers: String = self
             .app_headers
@@ -413,17 +411,7 @@ static_resources:
                         - match: {{prefix: "/"}}
                           route: {{cluster: app}}
                 http_filters:
-{lua}                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: {domain}
-                      timeout: {timeout}
-                      failure_mode_deny: {deny}
-                      enable_x_ratelimit_headers: DRAFT_VERSION_03
-{filter_rate_limits}                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: {{envoy_grpc: {{cluster_name: portcullis}}}}
-                  - name: envoy.filters.http.router
+{filters}                  - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
     - name: app
@@ -474,10 +462,19 @@ static_resources:
             admin = self.admin,
             ingress = self.ingress,
             app = self.app,
-            domain = self.domain,
-            timeout = self.timeout,
-            deny = self.failure_mode_deny,
             interval = self.health_interval,
         )
     }
+}
+
+/// The YAML blocks of README.md that hold Envoy filters (`envoy.filters.http.`), as written.
+pub fn readme_envoy_blocks() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README.md");
+    readme
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block.to_owned()))
+        .filter(|block| block.contains("envoy.filters.http."))
+        .collect()
 }
