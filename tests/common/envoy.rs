@@ -155,6 +155,11 @@ impl Envoy {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
+
+    /// The Envoy process (PyPI's launcher execs it: the same pid).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Envoy {
