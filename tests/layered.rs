@@ -396,3 +396,60 @@ fn eval_calls(port: u16) -> u64 {
         })
         .sum()
 }
+
+/// A layered `post_paid` rule (tokens per minute and per day): a charge that does not fit is
+/// recorded on every layer all the same, and every later check is refused by the layer it took
+/// past its limit, on the memory store and on standalone Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_paid_layered_rule_records_every_charge_on_every_layer() {
+    const TOKENS: &str = r#"
+domain: llm
+descriptors:
+  - key: tenant
+    post_paid: true
+    rate_limits:
+      - {name: per-minute, unit: minute, requests_per_unit: 100, algorithm: token_bucket}
+      - {name: per-day, unit: day, requests_per_unit: 150, algorithm: fixed_window}
+"#;
+    let redis = RedisServer::start();
+    for on_redis in [false, true] {
+        let url = redis.url();
+        let server = TestServer::start_with(&[("llm.yaml", TOKENS)], move |s| {
+            if on_redis {
+                s.store = StoreKind::Redis;
+                s.redis_url = Some(url);
+            }
+        })
+        .await;
+        let tenant = format!("t-{on_redis}");
+        let check = || {
+            let mut r = request("llm", &[&[("tenant", tenant.as_str())]]);
+            r.descriptors[0].hits_addend = Some(0);
+            r
+        };
+        let charge = |tokens: u64| {
+            let mut r = request("llm", &[&[("tenant", tenant.as_str())]]);
+            r.descriptors[0].hits_addend = Some(tokens);
+            r
+        };
+        for n in 0..3 {
+            assert_eq!(server.ok(check()).await.overall_code, OK, "request {n}");
+            server.ok(charge(40)).await;
+        }
+        // 120 of 100 a minute recorded, 120 of 150 a day: the minute refuses.
+        let r = server.ok(check()).await;
+        assert_eq!(first(&r).0, OVER, "on Redis: {on_redis}");
+        assert_eq!(first(&r).1, "per-minute");
+        // Both layers were charged all three times: the day holds 120.
+        if on_redis {
+            let key = format!("portcullis:{{llm|tenant={tenant}}}:fw:86400000000us");
+            assert_eq!(common::redis::cli(redis.port, &["HGET", &key, "c"]), "120");
+        } else {
+            server.clock.advance_us(120_000_000);
+            let r = server.ok(check()).await;
+            assert_eq!(r.overall_code, OK, "the minute drained");
+            assert_eq!(first(&r).4, 30, "the day's layer binds now, 120 spent");
+        }
+        server.stop().await;
+    }
+}
