@@ -13,10 +13,14 @@
 //!   cargo test --bench gateway                     a short smoke run (checks it works)
 
 // The tests' harness: Envoy (which finds its helpers at `super::redis`) and Redis processes.
+#[path = "support/cpu.rs"]
+mod cpu;
 #[path = "../tests/common/envoy.rs"]
 mod envoy;
 #[path = "../tests/common/redis.rs"]
 mod redis;
+
+use cpu::cpu_seconds;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -87,16 +91,6 @@ impl Drop for Portcullis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// User plus system CPU seconds of a process so far, from `/proc/PID/stat`.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
 /// One keep-alive HTTP/1.1 connection sending GETs back to back until `until`: the latency of

@@ -15,8 +15,12 @@
 //!   cargo bench --bench load -- --seconds 3 --only memory,standalone --scenario "fixed window"
 //!   cargo test --bench load                        a short smoke run (checks it works)
 
+#[path = "support/cpu.rs"]
+mod cpu;
 #[path = "../tests/common/redis.rs"]
 mod harness;
+
+use cpu::cpu_seconds;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -270,18 +274,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// User plus system CPU time of a process so far, from `/proc/PID/stat`.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    // Fields after the command name (which may hold spaces): state is the first, utime the 12th.
-    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / per_second
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> String {

@@ -87,54 +87,36 @@ fn rules_dir(rules: &str) -> tempfile::TempDir {
     dir
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_budget_charged_at_stream_end_is_enforced_on_memory() {
+/// README's gateway in front of `portcullis serve` with `store_args` and the native rules:
+/// 40, 80, then 120 of 100 tokens recorded, so the fourth request is refused, and every later one.
+async fn native_budget_is_enforced(store_args: &[&str]) {
     let rules = rules_dir(NATIVE_RULES);
-    let portcullis = ServeProcess::spawn(rules.path(), &[], &[], &[]);
+    let portcullis = ServeProcess::spawn(rules.path(), store_args, &[], &[]);
     let g = gateway(portcullis.grpc_port);
     let _envoy = g.start();
-    // 40, 80, then 120 of 100 recorded: the fourth request is refused, and so is every later one.
     assert_eq!(
         run_budget(&g, portcullis.grpc_port).await,
-        vec![200, 200, 200, 429, 429]
+        vec![200, 200, 200, 429, 429],
+        "{store_args:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_charged_at_stream_end_is_enforced_on_memory() {
+    native_budget_is_enforced(&[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_budget_charged_at_stream_end_is_enforced_on_redis() {
     let redis = RedisServer::start();
-    let rules = rules_dir(NATIVE_RULES);
-    let portcullis = ServeProcess::spawn(
-        rules.path(),
-        &["--store", "redis", "--redis-url", &redis.url()],
-        &[],
-        &[],
-    );
-    let g = gateway(portcullis.grpc_port);
-    let _envoy = g.start();
-    assert_eq!(
-        run_budget(&g, portcullis.grpc_port).await,
-        vec![200, 200, 200, 429, 429]
-    );
+    native_budget_is_enforced(&["--store", "redis", "--redis-url", &redis.url()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_budget_charged_at_stream_end_is_enforced_on_cluster() {
     let cluster = RedisCluster::start();
-    let rules = rules_dir(NATIVE_RULES);
     let seeds = cluster.seeds().join(",");
-    let portcullis = ServeProcess::spawn(
-        rules.path(),
-        &["--store", "redis", "--redis-cluster", &seeds],
-        &[],
-        &[],
-    );
-    let g = gateway(portcullis.grpc_port);
-    let _envoy = g.start();
-    assert_eq!(
-        run_budget(&g, portcullis.grpc_port).await,
-        vec![200, 200, 200, 429, 429]
-    );
+    native_budget_is_enforced(&["--store", "redis", "--redis-cluster", &seeds]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
