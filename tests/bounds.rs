@@ -464,7 +464,7 @@ async fn one_connection_carries_at_most_max_concurrent_streams_calls_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_new_descriptors_fills_the_memory_store_to_its_cap_and_no_further() {
-    // 64 shards of 4 counters: at most 256 counters.
+    // At most 256 counters in the whole store.
     let server = TestServer::start_with(&[("b.yaml", RULES)], |s| {
         s.memory_max_counters = 256;
     })
@@ -494,4 +494,44 @@ async fn a_flood_of_new_descriptors_fills_the_memory_store_to_its_cap_and_no_fur
         ) >= refused as f64
     );
     server.stop().await;
+}
+
+/// A full memory store never admits a descriptor twice past its limit (found black box: with a
+/// cap of 50 and `--failure-mode deny`, 80 users once then the first 50 again admitted users 8,
+/// 13, 26, ... twice in the hour). The cap is the store's, not split over shards, and a new
+/// descriptor that finds it full is answered by `--failure-mode`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_memory_store_never_admits_a_descriptor_twice_past_its_limit() {
+    use common::process::ServeProcess;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("u.yaml"),
+        "domain: u\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .expect("rules");
+    let server = ServeProcess::spawn(
+        dir.path(),
+        &["--memory-max-counters", "50", "--failure-mode", "deny"],
+        &[],
+        &[],
+    );
+    let mut client = portcullis::pb::RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect");
+    let mut admitted = vec![0u32; 80];
+    for pass in [0..80, 0..50] {
+        for user in pass {
+            let call = common::request("u", &[&[("user", &format!("u{user}"))]]);
+            let r = client.should_rate_limit(call).await.expect("answered");
+            if r.into_inner().overall_code == 1 {
+                admitted[user] += 1;
+            }
+        }
+    }
+    let twice: Vec<usize> = (0..80).filter(|&u| admitted[u] > 1).collect();
+    assert!(twice.is_empty(), "admitted twice in the hour: {twice:?}");
+    // The store holds 50 counters, not fewer: the first 50 users were counted.
+    assert_eq!(admitted[..50].iter().sum::<u32>(), 50, "{admitted:?}");
+    // And the 30 that found it full were refused, as --failure-mode deny says.
+    assert_eq!(admitted[50..].iter().sum::<u32>(), 0, "{admitted:?}");
 }

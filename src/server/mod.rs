@@ -168,7 +168,21 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         Box::new(store)
     };
     let limiter = match settings.store {
-        StoreKind::Memory => Limiter::new(memory(), metrics.clone()),
+        // The memory store fails only when full: a new descriptor is then answered by the
+        // failure mode chosen (never a silent allow under `deny`). `local` has nothing more local
+        // to count in, so it refuses, like `deny`.
+        StoreKind::Memory => {
+            let failure_mode = match settings.failure_mode {
+                FailureMode::Local => FailureMode::Deny,
+                mode => mode,
+            };
+            let config = LimiterConfig {
+                deadline: Duration::from_secs(3600),
+                failure_mode,
+                deny_cache: None,
+            };
+            Limiter::with_policy(memory(), config, None, metrics.clone())
+        }
         StoreKind::Redis => {
             let config = redis_config(settings)?;
             tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -37,8 +38,10 @@ pub struct MemoryStore {
     shards: Box<[Shard]>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
-    /// Counters one shard may hold.
-    per_shard: usize,
+    /// Counters held in all shards (kept with every insert and removal, under the shard's lock):
+    /// the cap is the store's, not a shard's, so one busy shard is never "full" long before the
+    /// store is.
+    live: AtomicUsize,
     max_counters: usize,
     /// Temporary scaling factors: field -> (factor, expiry in ms of this store's clock).
     factors: Mutex<HashMap<String, (f64, u64)>>,
@@ -49,14 +52,14 @@ impl MemoryStore {
         Self::with_max_counters(clock, DEFAULT_MAX_COUNTERS)
     }
 
-    /// A store holding at most about `max_counters` counters (the cap is kept per shard).
+    /// A store holding at most `max_counters` counters.
     pub fn with_max_counters(clock: Arc<dyn Clock>, max_counters: usize) -> Arc<Self> {
         Arc::new(Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             clock,
-            per_shard: max_counters.div_ceil(SHARDS).max(1),
-            max_counters,
+            live: AtomicUsize::new(0),
+            max_counters: max_counters.max(1),
             factors: Mutex::new(HashMap::new()),
         })
     }
@@ -136,11 +139,13 @@ impl MemoryStore {
         key: &str,
         now_us: u64,
     ) -> Result<(), StoreError> {
-        if shard.len() < self.per_shard || shard.contains_key(key) {
+        let has_room = || self.live.load(Ordering::Relaxed) < self.max_counters;
+        if has_room() || shard.contains_key(key) {
             return Ok(());
         }
-        shard.retain(|_, entry| entry.expires_at_us > now_us);
-        if shard.len() < self.per_shard {
+        // Expired counters of this shard go at once; the other shards' within a sweep.
+        self.retain_live(shard, now_us);
+        if has_room() {
             return Ok(());
         }
         Err(StoreError::Unavailable(format!(
@@ -173,7 +178,9 @@ impl MemoryStore {
             return Ok(outcome.decision);
         }
         if outcome.keep_for_us == 0 {
-            shard.remove(check.key.as_str());
+            if shard.remove(check.key.as_str()).is_some() {
+                self.live.fetch_sub(1, Ordering::Relaxed);
+            }
             return Ok(outcome.decision);
         }
         let expires_at_us = now_us.saturating_add(outcome.keep_for_us);
@@ -182,6 +189,7 @@ impl MemoryStore {
             entry.expires_at_us = expires_at_us;
         } else {
             self.make_room(shard, &check.key, now_us)?;
+            self.live.fetch_add(1, Ordering::Relaxed);
             shard.insert(
                 check.key.clone(),
                 Entry {
@@ -201,11 +209,23 @@ impl MemoryStore {
             let mut shard = shard
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let before = shard.len();
-            shard.retain(|_, entry| entry.expires_at_us > now_us);
-            removed += before - shard.len();
+            removed += self.retain_live(&mut shard, now_us);
         }
         removed
+    }
+
+    /// Drops the expired counters of one locked shard; how many went.
+    fn retain_live(&self, shard: &mut HashMap<String, Entry>, now_us: u64) -> usize {
+        let before = shard.len();
+        shard.retain(|_, entry| entry.expires_at_us > now_us);
+        let removed = before - shard.len();
+        self.live.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+
+    /// How full the store is: counters held over `--memory-max-counters` (for the gauge).
+    pub fn fill_ratio(&self) -> f64 {
+        self.live.load(Ordering::Relaxed) as f64 / self.max_counters as f64
     }
 
     /// How many counters are held (expired ones included until the next sweep).
