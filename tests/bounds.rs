@@ -535,3 +535,48 @@ async fn a_full_memory_store_never_admits_a_descriptor_twice_past_its_limit() {
     // And the 30 that found it full were refused, as --failure-mode deny says.
     assert_eq!(admitted[50..].iter().sum::<u32>(), 0, "{admitted:?}");
 }
+
+/// All or nothing holds with a blocked descriptor on Redis (found black box: with
+/// `--stop-charging-when-over`, a call refused by a `requests_per_unit: 0` descriptor still
+/// charged its 5-a-minute one, so five calls on that one alone gave OK, OK, OK, OK, OVER_LIMIT).
+/// The memory store charged nothing; the two now agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_with_a_blocked_descriptor_charges_nothing_on_redis() {
+    use common::process::ServeProcess;
+    let redis = common::redis::RedisServer::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        "domain: a\ndescriptors:\n  - key: blocked\n    rate_limit: {unit: minute, requests_per_unit: 0}\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )
+    .expect("rules");
+    for store in [
+        vec![],
+        vec!["--store", "redis", "--redis-url", &redis.url()],
+    ] {
+        let mut args = vec!["--stop-charging-when-over"];
+        args.extend(store.iter().copied());
+        let server = ServeProcess::spawn(dir.path(), &args, &[], &[]);
+        let mut client = portcullis::pb::RateLimitServiceClient::connect(server.grpc_url())
+            .await
+            .expect("connect");
+        let both = common::request("a", &[&[("blocked", "x")], &[("user", "u")]]);
+        let r = client.should_rate_limit(both).await.expect("answered");
+        assert_eq!(
+            r.into_inner().overall_code,
+            2,
+            "refused by the blocked descriptor"
+        );
+        let mut codes = Vec::new();
+        for _ in 0..6 {
+            let alone = common::request("a", &[&[("user", "u")]]);
+            let r = client.should_rate_limit(alone).await.expect("answered");
+            codes.push(r.into_inner().overall_code);
+        }
+        assert_eq!(
+            codes,
+            vec![1, 1, 1, 1, 1, 2],
+            "{store:?}: the refused call charged nothing"
+        );
+    }
+}

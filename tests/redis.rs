@@ -120,8 +120,18 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
             .map(|i| {
                 let algorithm = ALGORITHMS[((case + i) % 3) as usize];
                 let span = if rng.below(4) == 0 { 5000 } else { 20 };
-                let requests = 1 + rng.below(span);
                 let window_us = WINDOWS_US[rng.below(4) as usize];
+                // Some descriptors are blocked (a zero limit): in an all-or-nothing call they
+                // refuse the whole call before Redis is asked.
+                if rng.below(12) == 0 {
+                    return Limit {
+                        algorithm,
+                        requests: 0,
+                        window_us,
+                        burst: 0,
+                    };
+                }
+                let requests = 1 + rng.below(span);
                 random_limit(&mut rng, algorithm, requests, window_us)
             })
             .collect();
@@ -159,7 +169,7 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                         0 => 0,
                         1 => u64::MAX,
                         2 => limit.capacity() + 1,
-                        _ => 1 + rng.below(limit.capacity().min(6)),
+                        _ => 1 + rng.below(limit.capacity().clamp(1, 6)),
                     },
                     // Some hits are given back (Envoy's is_negative_hits).
                     refund: rng.below(6) == 0,

@@ -213,14 +213,39 @@ impl RedisStore {
     ) -> Answers {
         // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis.
         let counted: Vec<&Check> = checks.iter().filter(|c| c.limit.requests > 0).collect();
-        let mut replies: Vec<Result<Vec<u64>, StoreError>> = match &self.backend {
-            Backend::Pool(_) => self.eval_pooled(&counted, clock, deadline, mode).await,
-            Backend::Cluster(_) => match mode {
-                ChargeMode::AllOrNothing => {
-                    self.all_or_nothing_cluster(&counted, clock, deadline).await
-                }
-                mode => self.each_on_cluster(&counted, clock, deadline, mode).await,
-            },
+        // All or nothing with a blocked descriptor (a zero limit refusing hits): the call is
+        // refused before Redis is asked, so nothing of it is charged; refunds and post-paid
+        // charges still apply, as in the memory store.
+        let blocked = mode == ChargeMode::AllOrNothing
+            && checks
+                .iter()
+                .any(|c| c.limit.requests == 0 && !c.refund && c.hits > 0);
+        let mut replies = if blocked {
+            let applies = |c: &&Check| c.refund || c.post_paid;
+            let (applied, probed): (Vec<&Check>, Vec<&Check>) =
+                counted.iter().copied().partition(applies);
+            let mut applied_replies = self
+                .dispatch(&applied, clock, deadline, ChargeMode::EachAlone)
+                .await
+                .into_iter();
+            let mut probed_replies = self
+                .dispatch(&probed, clock, deadline, ChargeMode::Probe)
+                .await
+                .into_iter();
+            let missing = || Err(StoreError::Protocol("a reply is missing".into()));
+            counted
+                .iter()
+                .map(|c| {
+                    let next = if applies(c) {
+                        applied_replies.next()
+                    } else {
+                        probed_replies.next()
+                    };
+                    next.unwrap_or_else(missing)
+                })
+                .collect()
+        } else {
+            self.dispatch(&counted, clock, deadline, mode).await
         };
         replies.reverse();
         checks
@@ -239,6 +264,28 @@ impl RedisStore {
                 script::decision(check, &reply, mode != ChargeMode::Probe)
             })
             .collect()
+    }
+
+    /// The script replies for `checks` (none of a zero limit), one per check, in order.
+    async fn dispatch(
+        &self,
+        checks: &[&Check],
+        clock: ScriptClock,
+        deadline: Instant,
+        mode: ChargeMode,
+    ) -> Vec<Result<Vec<u64>, StoreError>> {
+        if checks.is_empty() {
+            return Vec::new();
+        }
+        match &self.backend {
+            Backend::Pool(_) => self.eval_pooled(checks, clock, deadline, mode).await,
+            Backend::Cluster(_) => match mode {
+                ChargeMode::AllOrNothing => {
+                    self.all_or_nothing_cluster(checks, clock, deadline).await
+                }
+                mode => self.each_on_cluster(checks, clock, deadline, mode).await,
+            },
+        }
     }
 
     /// Cluster: each check in its slot's next script call, concurrently, each within the
