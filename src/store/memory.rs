@@ -143,8 +143,20 @@ impl MemoryStore {
         if has_room() || shard.contains_key(key) {
             return Ok(());
         }
-        // Expired counters of this shard go at once; the other shards' within a sweep.
+        // Expired counters go: this shard's, then those of every shard free at this moment
+        // (try_lock never waits, so no lock order is at stake; a busy shard waits for the sweep).
         self.retain_live(shard, now_us);
+        for other in self.shards.iter() {
+            if has_room() {
+                break;
+            }
+            let mut guard = match other.try_lock() {
+                Ok(guard) => guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            self.retain_live(&mut guard, now_us);
+        }
         if has_room() {
             return Ok(());
         }
