@@ -220,54 +220,18 @@ fn http_filters_of(text: &str) -> Vec<String> {
     out
 }
 
-/// A bootstrap with one listener whose HTTP filters are `items` (YAML list items) then the
-/// router, and the cluster the filters point at.
+/// A gateway whose HTTP filters are `items` (YAML list items) then the router, with the cluster
+/// the filters point at.
 fn bootstrap_with_filters(items: &str) -> String {
-    let cluster_name = items
-        .lines()
-        .find_map(|l| {
-            let at = l.find("cluster_name: ")?;
-            Some(l[at + "cluster_name: ".len()..].trim_end_matches(['}', ' ']))
-        })
-        .unwrap_or("portcullis")
-        .trim()
-        .to_owned();
-    let filter: String = items
-        .lines()
-        .map(|l| format!("                {l}\n"))
-        .collect();
-    format!(
-        r#"static_resources:
-  listeners:
-    - name: l
-      address: {{socket_address: {{address: 127.0.0.1, port_value: 10000}}}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: l
-                route_config:
-                  virtual_hosts:
-                    - name: v
-                      domains: ["*"]
-                      routes: [{{match: {{prefix: "/"}}, direct_response: {{status: 200}}}}]
-                http_filters:
-{filter}                - name: envoy.filters.http.router
-                  typed_config:
-                    "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: "{cluster_name}"
-      type: STATIC
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config: {{http2_protocol_options: {{}}}}
-      load_assignment:
-        cluster_name: "{cluster_name}"
-        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 8081}}}}}}}}]}}]
-"#
-    )
+    let mut g = envoy::Gateway::new("validate", &[8081]);
+    if let Some(name) = items.lines().find_map(|l| {
+        let at = l.find("cluster_name: ")?;
+        Some(l[at + "cluster_name: ".len()..].trim_end_matches(['}', ' ']))
+    }) {
+        g.cluster = name.trim().to_owned();
+    }
+    g.http_filters = items.to_owned();
+    g.config()
 }
 
 /// The shipped bootstrap's health check sees a replica that got SIGTERM as unhealthy while the

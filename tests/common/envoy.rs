@@ -312,6 +312,8 @@ pub struct Gateway {
     /// a config a user copies, such as one of README's (empty: built from the fields above).
     pub http_filters: String,
     pub health_interval: String,
+    /// The name of Portcullis' cluster (Istio's filters name theirs `outbound|8081||…`).
+    pub cluster: String,
 }
 
 impl Gateway {
@@ -328,6 +330,7 @@ impl Gateway {
             app_headers: Vec::new(),
             http_filters: String::new(),
             health_interval: "5s".into(),
+            cluster: "portcullis".into(),
         }
     }
 
@@ -364,11 +367,12 @@ impl Gateway {
                       enable_x_ratelimit_headers: DRAFT_VERSION_03
                       rate_limit_service:
                         transport_api_version: V3
-                        grpc_service: {{envoy_grpc: {{cluster_name: portcullis}}}}
+                        grpc_service: {{envoy_grpc: {{cluster_name: "{cluster}"}}}}
 "#,
                 domain = self.domain,
                 timeout = self.timeout,
                 deny = self.failure_mode_deny,
+                cluster = self.cluster,
             )
         } else {
             indent(&self.http_filters, 18)
@@ -439,7 +443,7 @@ static_resources:
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
-    - name: portcullis
+    - name: "{cluster}"
       type: STATIC
       connect_timeout: 1s
       typed_extension_protocol_options:
@@ -454,7 +458,7 @@ static_resources:
           healthy_threshold: 1
           grpc_health_check: {{service_name: ratelimit}}
       load_assignment:
-        cluster_name: portcullis
+        cluster_name: "{cluster}"
         endpoints:
           - lb_endpoints:
 {endpoints}    - name: app
@@ -468,6 +472,7 @@ static_resources:
             ingress = self.ingress,
             app = self.app,
             interval = self.health_interval,
+            cluster = self.cluster,
         )
     }
 }
