@@ -103,13 +103,27 @@ impl MemoryStore {
                         .binary_search(&self.shard_index(&check.key))
                         .unwrap_or(0)
                 };
-                let mut all = true;
-                for check in checks.iter().filter(|c| !c.refund) {
-                    match self.run_in(&mut guards[position(check)], check, now_us, false) {
-                        Ok(looked) => all &= looked.allowed,
-                        Err(e) => return vec![Err(e); checks.len()],
+                // Look first, charging copies in order: two checks of the call on one key see
+                // each other's hits, as they will when charged.
+                let mut copies: HashMap<&str, State> = HashMap::new();
+                let mut looked = Vec::with_capacity(checks.len());
+                for check in checks {
+                    if check.refund {
+                        looked.push(None);
+                        continue;
                     }
+                    let key = check.key.as_str();
+                    let mut state = match copies.get(key) {
+                        Some(state) => state.clone(),
+                        None => self.state_at(&guards[position(check)], check, now_us),
+                    };
+                    let outcome = algorithm::run(&mut state, now_us, check, true);
+                    if (outcome.decision.allowed || check.post_paid) && check.hits > 0 {
+                        copies.insert(key, state);
+                    }
+                    looked.push(Some(outcome.decision));
                 }
+                let all = looked.iter().flatten().all(|d| d.allowed);
                 // Room for every new counter first: a call is charged whole or not at all.
                 if all {
                     for check in checks {
@@ -121,10 +135,16 @@ impl MemoryStore {
                 }
                 checks
                     .iter()
-                    .map(|check| {
+                    .zip(looked)
+                    .map(|(check, looked)| {
                         // Post-paid hits were consumed whatever the call's answer.
                         let commit = all || check.refund || check.post_paid;
-                        self.run_in(&mut guards[position(check)], check, now_us, commit)
+                        match looked {
+                            // Refused as a whole: a charge answers what the look found (the
+                            // second of two checks on one key is refused there, not alone).
+                            Some(decision) if !commit => Ok(decision),
+                            _ => self.run_in(&mut guards[position(check)], check, now_us, commit),
+                        }
                     })
                     .collect()
             }
@@ -175,10 +195,7 @@ impl MemoryStore {
         now_us: u64,
         commit: bool,
     ) -> Result<Decision, StoreError> {
-        let mut state = match shard.get(check.key.as_str()) {
-            Some(entry) if entry.expires_at_us > now_us => entry.state.clone(),
-            _ => State::empty(check.limit.algorithm),
-        };
+        let mut state = self.state_at(shard, check, now_us);
         let outcome = algorithm::run(&mut state, now_us, check, commit);
         // Only what spends or gives back changes the entry. A refusal or a call of no hits leaves
         // it exactly as it was (state and expiry), as the Redis scripts leave the key: dropping
@@ -211,6 +228,14 @@ impl MemoryStore {
             );
         }
         Ok(outcome.decision)
+    }
+
+    /// The state of a check's counter at `now_us` (empty when none, or expired).
+    fn state_at(&self, shard: &HashMap<String, Entry>, check: &Check, now_us: u64) -> State {
+        match shard.get(check.key.as_str()) {
+            Some(entry) if entry.expires_at_us > now_us => entry.state.clone(),
+            _ => State::empty(check.limit.algorithm),
+        }
     }
 
     /// Removes every expired entry; returns how many were removed.
@@ -340,6 +365,30 @@ mod tests {
             hits: 1,
             refund: false,
             post_paid: false,
+        }
+    }
+
+    #[test]
+    fn one_descriptor_twice_in_an_all_or_nothing_call_is_charged_whole_or_not_at_all() {
+        let store = MemoryStore::new(Arc::new(ManualClock::new(1_763_000_000_000_000)));
+        for algorithm in [
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+        ] {
+            let mut once = check(format!("{{d|twice={algorithm:?}}}"), algorithm);
+            once.hits = 6;
+            // 6 + 6 of 10: each fits alone, not together.
+            let call = [once.clone(), once.clone()];
+            let answers =
+                store.check_all_at(&call, 1_763_000_000_000_000, ChargeMode::AllOrNothing);
+            assert!(!answers[1].as_ref().unwrap().allowed, "{algorithm:?}");
+            let looked = store.check_all_at(&call[..1], 1_763_000_000_000_000, ChargeMode::Probe);
+            assert_eq!(
+                looked[0].as_ref().unwrap().remaining,
+                10,
+                "{algorithm:?} uncharged"
+            );
         }
     }
 

@@ -16,7 +16,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::connection::ConnectionSet;
-use super::script::{self, Replies};
+use super::script::{self, KeyReply, Replies};
 use super::{Route, classify, eval};
 use crate::store::StoreError;
 
@@ -33,7 +33,7 @@ pub(super) struct Job {
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<i64>,
     pub(super) deadline: Instant,
-    pub(super) reply: oneshot::Sender<Result<Vec<Vec<u64>>, StoreError>>,
+    pub(super) reply: oneshot::Sender<Result<Vec<KeyReply>, StoreError>>,
 }
 
 impl Job {
@@ -51,7 +51,7 @@ pub(super) async fn submit<T>(
     keys: Vec<String>,
     args: Vec<i64>,
     deadline: Instant,
-) -> Result<Vec<Vec<u64>>, StoreError> {
+) -> Result<Vec<KeyReply>, StoreError> {
     let budget = deadline.saturating_duration_since(Instant::now());
     let (reply, answer) = oneshot::channel();
     let job = Job {
@@ -170,7 +170,7 @@ impl Batcher {
         keys: Vec<String>,
         args: Vec<i64>,
         deadline: Instant,
-    ) -> Result<Vec<Vec<u64>>, StoreError> {
+    ) -> Result<Vec<KeyReply>, StoreError> {
         submit(&self.jobs, |job| job, keys, args, deadline).await
     }
 }

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use super::batch::{
     Job, MAX_CALLS, MAX_KEYS, MAX_WAITING, Merged, answer, fail_all, merge, submit,
 };
+use super::script::KeyReply;
 use super::{Spread, classify, did_not_run, eval_on_cluster, is_tryagain};
 use crate::store::StoreError;
 
@@ -88,7 +89,7 @@ impl SlotBatcher {
         keys: Vec<String>,
         args: Vec<i64>,
         deadline: Instant,
-    ) -> Result<Vec<Vec<u64>>, StoreError> {
+    ) -> Result<Vec<KeyReply>, StoreError> {
         submit(&self.jobs, |job| (slot, job), keys, args, deadline).await
     }
 

@@ -23,6 +23,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 pub use connection::{RedisConfig, SentinelAuth, Topology, redact_url};
+use script::KeyReply;
 pub use script::ScriptClock;
 
 use self::connection::Backend;
@@ -211,46 +212,26 @@ impl RedisStore {
         deadline: Instant,
         mode: ChargeMode,
     ) -> Answers {
-        // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis.
-        let counted: Vec<&Check> = checks.iter().filter(|c| c.limit.requests > 0).collect();
-        // All or nothing with a blocked descriptor (a zero limit refusing hits): the call is
-        // refused before Redis is asked, so nothing of it is charged; refunds and post-paid
-        // charges still apply, as in the memory store.
-        let blocked = mode == ChargeMode::AllOrNothing
-            && checks
-                .iter()
-                .any(|c| c.limit.requests == 0 && !c.refund && c.hits > 0);
-        let mut replies = if blocked {
-            let applies = |c: &&Check| c.refund || c.post_paid;
-            let (applied, probed): (Vec<&Check>, Vec<&Check>) =
-                counted.iter().copied().partition(applies);
-            let mut applied_replies = self
-                .dispatch(&applied, clock, deadline, ChargeMode::EachAlone)
-                .await
-                .into_iter();
-            let mut probed_replies = self
-                .dispatch(&probed, clock, deadline, ChargeMode::Probe)
-                .await
-                .into_iter();
-            let missing = || Err(StoreError::Protocol("a reply is missing".into()));
-            counted
-                .iter()
-                .map(|c| {
-                    let next = if applies(c) {
-                        applied_replies.next()
-                    } else {
-                        probed_replies.next()
-                    };
-                    next.unwrap_or_else(missing)
-                })
-                .collect()
-        } else {
-            self.dispatch(&counted, clock, deadline, mode).await
+        // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis,
+        // except in an all-or-nothing call, where a blocked descriptor (refusing hits) goes to
+        // the script as a charge that always fails (nothing read or written): the call is then
+        // decided in one step, in order, refunds and post-paid charges still applying.
+        let sent = |c: &Check| {
+            c.limit.requests > 0 || (mode == ChargeMode::AllOrNothing && !c.refund && c.hits > 0)
         };
+        let counted: Vec<&Check> = checks.iter().filter(|c| sent(c)).collect();
+        let mut replies = self.dispatch(&counted, clock, deadline, mode).await;
         replies.reverse();
         checks
             .iter()
             .map(|check| {
+                let reply = if sent(check) {
+                    Some(replies.pop().ok_or_else(|| {
+                        StoreError::Protocol("script answered fewer results than keys".into())
+                    })??)
+                } else {
+                    None
+                };
                 if check.limit.requests == 0 {
                     return Ok(zero_limit_decision(if check.refund {
                         0
@@ -258,9 +239,7 @@ impl RedisStore {
                         check.hits
                     }));
                 }
-                let reply = replies.pop().ok_or_else(|| {
-                    StoreError::Protocol("script answered fewer results than keys".into())
-                })??;
+                let reply = reply.ok_or_else(|| StoreError::Protocol("no reply".into()))?;
                 script::decision(check, &reply, mode != ChargeMode::Probe)
             })
             .collect()
@@ -301,7 +280,7 @@ impl RedisStore {
             let mut values = self.eval_slot(&[check], clock, mode, deadline).await?;
             values
                 .pop()
-                .ok_or_else(|| StoreError::Protocol("script answered no result".into()))
+                .ok_or_else(|| StoreError::Protocol("script answered no result".into()))?
         });
         join_all(calls).await
     }
@@ -314,7 +293,7 @@ impl RedisStore {
         clock: ScriptClock,
         mode: ChargeMode,
         deadline: Instant,
-    ) -> Result<Vec<Vec<u64>>, StoreError> {
+    ) -> Result<Vec<KeyReply>, StoreError> {
         let Some(batcher) = &self.slot_batcher else {
             return Err(StoreError::Protocol("no Cluster dispatcher".into()));
         };
@@ -342,7 +321,7 @@ impl RedisStore {
                 .eval_slot(checks, clock, ChargeMode::AllOrNothing, deadline)
                 .await
             {
-                Ok(values) if values.len() == checks.len() => values.into_iter().map(Ok).collect(),
+                Ok(values) if values.len() == checks.len() => values,
                 Ok(values) => vec![
                     Err(StoreError::Protocol(format!(
                         "script answered {} results for {} keys",
@@ -405,7 +384,7 @@ impl RedisStore {
         };
         let (keys, args) = self.encode(checks, clock, mode);
         match batcher.call(keys, args, deadline).await {
-            Ok(values) => values.into_iter().map(Ok).collect(),
+            Ok(values) => values,
             Err(e) => vec![Err(e); checks.len()],
         }
     }

@@ -35,6 +35,10 @@ pub const ARGS_PER_KEY: usize = 6;
 /// do not fit): 21, 22, 23.
 pub const POST_PAID_OP: i64 = 20;
 
+/// The operation of a check whose limit is zero (a blocked descriptor, sent only in an
+/// all-or-nothing call): always refused, its key never read or written.
+pub const BLOCKED_OP: i64 = 4;
+
 /// The script's number for a call's charge mode (ARGV[2]).
 pub fn mode_arg(mode: ChargeMode) -> i64 {
     match mode {
@@ -87,6 +91,11 @@ pub fn push_args(check: &Check, args: &mut Vec<i64>) {
     };
     let op = |base: i64| if post_paid { base + POST_PAID_OP } else { base };
     let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    if limit.requests == 0 {
+        // A blocked descriptor in an all-or-nothing call: refused, nothing read or written.
+        args.extend([BLOCKED_OP, 0, 0, 0, 0, 0]);
+        return;
+    }
     if check.refund {
         // A refund is not bounded by the capacity (a counter written under a larger limit may
         // hold more); 2^52 keeps it exact in a double and above any real count.
@@ -163,11 +172,15 @@ fn protocol(message: impl Into<String>) -> StoreError {
     StoreError::Protocol(message.into())
 }
 
-/// The script's reply, split: one entry per call, holding one list of numbers per key.
-pub type Replies = Vec<Vec<Vec<u64>>>;
+/// One key's part of the script's reply: its numbers, or why Redis could not decide or write it.
+pub type KeyReply = Result<Vec<u64>, StoreError>;
 
-/// Splits the script's one-string reply (calls by ';', keys by ',', numbers by ' '; see
-/// `lua/common.lua`) into numbers; anything else is a protocol error, never a panic.
+/// The script's reply, split: one entry per call, holding one entry per key.
+pub type Replies = Vec<Vec<KeyReply>>;
+
+/// Splits the script's one-string reply (calls by ';', keys by ',', numbers by ' '; a key Redis
+/// failed as '!' and its error; see `lua/check.lua`) into numbers; anything else is a protocol
+/// error, never a panic.
 pub fn parse_reply(value: &Value) -> Result<Replies, StoreError> {
     let bytes: &[u8] = match value {
         Value::BulkString(bytes) => bytes,
@@ -188,10 +201,37 @@ pub fn parse_reply(value: &Value) -> Result<Replies, StoreError> {
                 return Ok(Vec::new());
             }
             call.split(|&b| b == b',')
-                .map(|key| key.split(|&b| b == b' ').map(number).collect())
+                .map(|key| match key.strip_prefix(b"!") {
+                    Some(error) => Ok(Err(key_error(&String::from_utf8_lossy(error)))),
+                    None => key
+                        .split(|&b| b == b' ')
+                        .map(number)
+                        .collect::<Result<_, _>>()
+                        .map(Ok),
+                })
                 .collect()
         })
         .collect()
+}
+
+/// What an error the script met on one key means for the operator (the text starts with Redis'
+/// error code, as `classify` reads it from a whole reply).
+pub fn key_error(text: &str) -> StoreError {
+    let code = text.split(' ').next().unwrap_or("");
+    match code {
+        "OOM" => StoreError::Unavailable(format!(
+            "Redis is out of memory (maxmemory reached, no key can be evicted): {text}"
+        )),
+        "NOPERM" => StoreError::Permanent(format!("permission denied: {text}")),
+        "WRONGTYPE" => StoreError::Permanent(format!(
+            "a key under the prefix holds something Portcullis did not write (another program \
+             shares the prefix?): {text}"
+        )),
+        "MASTERDOWN" | "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" => {
+            StoreError::Unavailable(text.to_owned())
+        }
+        _ => StoreError::Protocol(format!("the script failed on a key: {text}")),
+    }
 }
 
 fn number(digits: &[u8]) -> Result<u64, StoreError> {
@@ -285,17 +325,31 @@ mod tests {
             parse_reply(&reply).unwrap(),
             vec![
                 vec![
-                    vec![1, 1_700_000_000_000_000, 3, 28_333_333_333],
-                    vec![0, (1 << 53) - 1, 0, 5, 2, 7],
+                    Ok(vec![1, 1_700_000_000_000_000, 3, 28_333_333_333]),
+                    Ok(vec![0, (1 << 53) - 1, 0, 5, 2, 7]),
                 ],
-                vec![vec![1, 2, 3, 4]],
+                vec![Ok(vec![1, 2, 3, 4])],
             ]
         );
         assert_eq!(parse_reply(&bulk("")).unwrap(), Replies::new());
         assert_eq!(
             parse_reply(&bulk(";1 2")).unwrap(),
-            vec![vec![], vec![vec![1, 2]]]
+            vec![vec![], vec![Ok(vec![1, 2])]]
         );
+    }
+
+    #[test]
+    fn a_key_the_script_failed_fails_alone_with_what_redis_said() {
+        let reply =
+            bulk("1 2 3 4,!OOM command not allowed when used memory > 'maxmemory'.;0 5 6 7");
+        let calls = parse_reply(&reply).unwrap();
+        assert_eq!(calls[0][0], Ok(vec![1, 2, 3, 4]));
+        assert!(
+            matches!(&calls[0][1], Err(StoreError::Unavailable(m)) if m.contains("out of memory"))
+        );
+        assert_eq!(calls[1][0], Ok(vec![0, 5, 6, 7]));
+        let wrong = parse_reply(&bulk("!WRONGTYPE Operation against a key")).unwrap();
+        assert!(wrong[0][0].as_ref().is_err_and(StoreError::is_permanent));
     }
 
     #[test]
@@ -320,7 +374,7 @@ mod tests {
         // The end of the range parses.
         assert_eq!(
             parse_reply(&bulk("18446744073709551615")).unwrap(),
-            vec![vec![vec![u64::MAX]]]
+            vec![vec![Ok(vec![u64::MAX])]]
         );
     }
 
@@ -335,7 +389,14 @@ mod tests {
             ..Config::default()
         });
         let bytes = proptest::collection::vec(
-            prop_oneof![Just(b';'), Just(b','), Just(b' '), b'0'..=b'9', any::<u8>()],
+            prop_oneof![
+                Just(b';'),
+                Just(b','),
+                Just(b' '),
+                Just(b'!'),
+                b'0'..=b'9',
+                any::<u8>()
+            ],
             0..64,
         );
         runner
@@ -347,15 +408,21 @@ mod tests {
                         .iter()
                         .map(|keys| {
                             keys.iter()
-                                .map(|n| n.iter().map(u64::to_string).collect::<Vec<_>>().join(" "))
+                                .map(|n| match n {
+                                    Ok(n) => {
+                                        n.iter().map(u64::to_string).collect::<Vec<_>>().join(" ")
+                                    }
+                                    Err(_) => "!".into(),
+                                })
                                 .collect::<Vec<_>>()
                                 .join(",")
                         })
                         .collect::<Vec<_>>()
                         .join(";");
-                    let canonical = bytes
-                        .split(|&b| b == b' ' || b == b',' || b == b';')
-                        .all(|n| n.is_empty() || n == b"0" || n[0] != b'0');
+                    let canonical = !bytes.contains(&b'!')
+                        && bytes
+                            .split(|&b| b == b' ' || b == b',' || b == b';')
+                            .all(|n| n.is_empty() || n == b"0" || n[0] != b'0');
                     if canonical {
                         prop_assert_eq!(printed.into_bytes(), bytes);
                     }
