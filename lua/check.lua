@@ -15,7 +15,9 @@
 --       replicas' host clocks drift, Redis' clock is the one all of them share; read once per
 --       script call);
 --   the call's mode: 0 each check charged alone, 1 all or nothing (if any charge would be
---       refused, no charge is made; refunds apply), 2 probe (nothing is written);
+--       refused, no charge is made; refunds apply), 2 probe (nothing is written), 3 the look of
+--       an all-or-nothing call (what 1 would answer, nothing written: Cluster's first step when
+--       a call's keys live in several slots);
 --   its number of keys;
 --   for each of its keys, the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the same
 --       algorithms' refunds; 21, 22, 23 their post-paid charges: hits already consumed, recorded
@@ -199,7 +201,7 @@ for call = 1, tonumber(ARGV[1]) do
   local commit_charges = mode == 0
   local decided = true
   local looks = {}
-  if mode == 1 then
+  if mode == 1 or mode == 3 then
     -- Look first, on copies: a charge happens only if every charge of the call would pass.
     commit_charges = true
     local scratch = {}
@@ -224,8 +226,8 @@ for call = 1, tonumber(ARGV[1]) do
       -- Refunds and post-paid charges apply whatever the call's other charges answer.
       local op = tonumber(ARGV[a + 6 * i])
       local always = op > 10
-      local commit = mode ~= 2 and (always or commit_charges)
-      if mode == 1 and not commit then
+      local commit = (mode == 0 or mode == 1) and (always or commit_charges)
+      if looks[i + 1] ~= nil and (mode == 3 or not commit) then
         -- Refused as a whole: a charge answers what the look found (the second of two checks on
         -- one key is refused there, not alone).
         results[i + 1] = looks[i + 1]
@@ -247,7 +249,7 @@ for call = 1, #out do
     local results = out[call]
     -- All or nothing: a key that failed leaves the whole call undecided.
     local whole = f.all
-    if whole == nil and modes[call] == 1 then
+    if whole == nil and (modes[call] == 1 or modes[call] == 3) then
       for i = 1, counts[call] do whole = whole or f[i] end
     end
     for i = 1, counts[call] do

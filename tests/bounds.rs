@@ -534,6 +534,13 @@ async fn a_full_memory_store_never_admits_a_descriptor_twice_past_its_limit() {
     assert_eq!(admitted[..50].iter().sum::<u32>(), 50, "{admitted:?}");
     // And the 30 that found it full were refused, as --failure-mode deny says.
     assert_eq!(admitted[50..].iter().sum::<u32>(), 0, "{admitted:?}");
+    // The operator sees it coming: the fill ratio gauge (deploy/prometheus alerts past 0.8).
+    let (_, metrics) = common::http(server.admin_port, "GET", "/metrics", "").await;
+    assert_eq!(
+        common::sample(&metrics, "portcullis_memory_store_fill_ratio"),
+        1.0,
+        "{metrics}"
+    );
 }
 
 /// All or nothing holds with a blocked descriptor on Redis (found black box: with

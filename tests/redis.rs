@@ -1166,7 +1166,7 @@ async fn a_batch_over_slots_with_a_key_its_node_does_not_serve_changes_nothing()
                 script::push_call(
                     &[check],
                     ScriptClock::RedisTime,
-                    ChargeMode::EachAlone,
+                    script::mode_arg(ChargeMode::EachAlone),
                     &mut args,
                 );
                 cmd.arg(args);
@@ -1420,7 +1420,12 @@ async fn one_script_call(
     for (checks, now, mode) in calls {
         keys.extend(checks.iter().map(|c| format!("{prefix}{}", c.key)));
         let refs: Vec<&Check> = checks.iter().collect();
-        script::push_call(&refs, ScriptClock::Fixed(*now), *mode, &mut args);
+        script::push_call(
+            &refs,
+            ScriptClock::Fixed(*now),
+            script::mode_arg(*mode),
+            &mut args,
+        );
     }
     let reply: redis::Value = redis::cmd("EVAL")
         .arg(script::SOURCE)

@@ -260,3 +260,42 @@ async fn an_incident_on_cluster_halves_every_replica() {
     })
     .await;
 }
+
+/// A domain removed by a reload loses its `portcullis_scaling_factor` series: its last factor
+/// would otherwise stay exported, and `PortcullisScaledForLong` fire for ever.
+#[tokio::test]
+async fn a_removed_domain_loses_its_scaling_gauge() {
+    let scaling = tempfile::tempdir().expect("temp dir");
+    let file = scaling.path().join("scaling.yaml");
+    std::fs::write(&file, "domains: {gone: 0.5}\n").unwrap();
+    let server = TestServer::start_with(
+        &[
+            ("api.yaml", RULES),
+            (
+                "gone.yaml",
+                "domain: gone\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+            ),
+        ],
+        |s| {
+            s.scaling_file = Some(file.clone());
+            s.allow_rules_removal = true;
+        },
+    )
+    .await;
+    assert_eq!(factor_of(&server, "gone").await, 0.5);
+    std::fs::remove_file(server.dir.path().join("gone.yaml")).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, m) = http(admin(&server), "GET", "/metrics", "").await;
+        if !m.contains(r#"portcullis_scaling_factor{domain="gone"}"#) {
+            assert!(m.contains(r#"portcullis_scaling_factor{domain="api"}"#));
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the gauge of a removed domain stays:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}

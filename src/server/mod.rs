@@ -165,6 +165,10 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     let memory = || {
         let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
         store.spawn_sweeper(Duration::from_secs(10));
+        let held = Arc::downgrade(&store);
+        metrics.watch_memory_fill(Box::new(move || {
+            held.upgrade().map_or(0.0, |store| store.fill_ratio())
+        }));
         Box::new(store)
     };
     let limiter = match settings.store {

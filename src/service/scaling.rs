@@ -75,15 +75,33 @@ pub async fn refresh(
     result
 }
 
-/// `portcullis_scaling_factor{domain}` for every configured domain.
+/// `portcullis_scaling_factor{domain}` for every configured domain, and for no other: a domain
+/// removed by a reload loses its series (else its last factor, and its alert, would stay).
 pub fn publish(metrics: &Metrics, scaling: &Scaling, rules: &Snapshot) {
-    for domain in rules.domain_names() {
+    let mut published = metrics
+        .scaling_domains
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let configured: std::collections::HashSet<&str> = rules.domain_names().into_iter().collect();
+    published.retain(|domain| {
+        let keep = configured.contains(domain.as_str());
+        if !keep {
+            metrics.scaling_factor.remove(&DomainLabels {
+                domain: domain.clone(),
+            });
+        }
+        keep
+    });
+    for domain in configured {
         metrics
             .scaling_factor
             .get_or_create(&DomainLabels {
                 domain: domain.to_owned(),
             })
             .set(scaling.domain_factor(domain));
+        if !published.contains(domain) {
+            published.insert(domain.to_owned());
+        }
     }
 }
 

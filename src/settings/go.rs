@@ -402,6 +402,11 @@ pub fn from_go_env(
     }
     s.redis_pool_size = r.number("REDIS_POOL_SIZE", 10);
     s.redis_connect_timeout = r.duration("REDIS_TIMEOUT", Duration::from_secs(10));
+    // Go bounds every Redis command by REDIS_TIMEOUT: set, it is each decision's deadline too
+    // (unset, the decision keeps Portcullis' short deadline, under Envoy's 20 ms timeout).
+    if r.get("REDIS_TIMEOUT").is_some() {
+        s.store_timeout = s.redis_connect_timeout;
+    }
     s.key_prefix = r.string("CACHE_KEY_PREFIX", "");
     let local_cache = r.number::<usize>("LOCAL_CACHE_SIZE_IN_BYTES", 0);
     s.deny_cache = local_cache > 0;
@@ -518,6 +523,12 @@ mod tests {
         assert_eq!(s.default_algorithm, Algorithm::FixedWindow);
         assert_eq!(s.failure_mode, FailureMode::Error);
         assert_eq!(s.redis_pool_size, 10);
+        assert_eq!(s.store_timeout, base().store_timeout);
+
+        // Go bounds each Redis command by REDIS_TIMEOUT: so does every decision.
+        let s = from_go_env(base(), &env(&[("REDIS_TIMEOUT", "250ms")])).unwrap();
+        assert_eq!(s.store_timeout, Duration::from_millis(250));
+        assert_eq!(s.redis_connect_timeout, Duration::from_millis(250));
 
         let s = from_go_env(
             base(),

@@ -329,11 +329,16 @@ pub struct Metrics {
     pub rules_xds_stream_errors: Counter,
     /// The factor each configured domain's limits run at (runtime scaling; 1 when none).
     pub scaling_factor: Family<DomainLabels, Gauge<f64, AtomicU64>>,
+    /// The domains `scaling_factor` has a series for (so a removed domain's goes).
+    pub scaling_domains: Mutex<HashSet<String>>,
     pub scaling_reloads: Family<ResultLabels, Counter>,
     /// Read when scraped: a task, descriptor or memory leak shows as a line that only climbs.
     runtime_alive_tasks: Gauge,
     process_open_fds: Gauge,
     process_resident_memory_bytes: Gauge,
+    /// Counters the memory store holds over its cap, read when scraped (0 on Redis).
+    memory_store_fill_ratio: Gauge<f64, AtomicU64>,
+    memory_fill: std::sync::OnceLock<Box<dyn Fn() -> f64 + Send + Sync>>,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
     /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
@@ -371,10 +376,13 @@ impl Metrics {
             rules_xds_connected: Gauge::default(),
             rules_xds_stream_errors: Counter::default(),
             scaling_factor: Family::default(),
+            scaling_domains: Mutex::new(HashSet::new()),
             scaling_reloads: Family::default(),
             runtime_alive_tasks: Gauge::default(),
             process_open_fds: Gauge::default(),
             process_resident_memory_bytes: Gauge::default(),
+            memory_store_fill_ratio: Gauge::default(),
+            memory_fill: std::sync::OnceLock::new(),
             near_limit_ratio,
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
@@ -571,6 +579,13 @@ impl Metrics {
             "Resident memory of this process when scraped (VmRSS)",
             m.process_resident_memory_bytes.clone(),
         );
+        register(
+            &mut registry,
+            &mut names,
+            "memory_store_fill_ratio",
+            "Counters the memory store holds over --memory-max-counters, when scraped (at 1 new descriptors are answered by the failure mode)",
+            m.memory_store_fill_ratio.clone(),
+        );
         Metrics {
             registry,
             names,
@@ -609,8 +624,16 @@ impl Metrics {
         out
     }
 
+    /// Reads the memory store's fill ratio when scraped (set once, by the server that built it).
+    pub fn watch_memory_fill(&self, fill: Box<dyn Fn() -> f64 + Send + Sync>) {
+        let _ = self.memory_fill.set(fill);
+    }
+
     /// The gauges read from the runtime and `/proc` rather than kept up to date.
     fn sample_process(&self) {
+        if let Some(fill) = self.memory_fill.get() {
+            self.memory_store_fill_ratio.set(fill());
+        }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let tasks = handle.metrics().num_alive_tasks();
             self.runtime_alive_tasks

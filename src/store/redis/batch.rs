@@ -61,9 +61,9 @@ pub(super) async fn submit<T>(
         reply,
     };
     queue.try_send(wrap(job)).map_err(|e| match e {
-        mpsc::error::TrySendError::Full(_) => StoreError::Unavailable(format!(
-            "{MAX_WAITING} calls already wait for Redis; this one is not queued"
-        )),
+        mpsc::error::TrySendError::Full(_) => StoreError::Unavailable(
+            "too many calls already wait for Redis; this one is not queued".into(),
+        ),
         mpsc::error::TrySendError::Closed(_) => {
             StoreError::Unavailable("the Redis dispatcher has stopped".into())
         }
@@ -78,7 +78,11 @@ pub(super) async fn submit<T>(
 }
 
 /// The jobs of one script call, merged: every key in order, the arguments with the call count
-/// and a zero (no keys carried in the arguments) first, each job with its key count (to check its reply), and the latest deadline.
+/// and a zero (no keys carried in the arguments) first, each job with its key count (to check
+/// its reply), and the earliest deadline: the script call is given up when its first caller
+/// gives up, so that no caller is answered by the failure mode while its call may still be
+/// sent or charged after (calls of one batch arrive within a moment of each other, under one
+/// configured timeout).
 pub(super) struct Merged {
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<i64>,
@@ -90,7 +94,7 @@ pub(super) fn merge(jobs: Vec<Job>) -> Merged {
     let deadline = jobs
         .iter()
         .map(|j| j.deadline)
-        .max()
+        .min()
         .unwrap_or_else(Instant::now);
     let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
     let mut args = Vec::with_capacity(2 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
@@ -212,16 +216,32 @@ async fn dispatch(set: Arc<ConnectionSet>, mut queue: mpsc::Receiver<Job>, free:
 
 /// One script call for `jobs`; every job gets its replies, or the call's error.
 async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
+    let deadline = jobs
+        .iter()
+        .map(|j| j.deadline)
+        .min()
+        .unwrap_or_else(Instant::now);
+    let live = match set.get_or_wait(deadline).await {
+        Ok(live) => live,
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+            return;
+        }
+    };
+    // Waiting for a connection took time: a call whose caller has gone is not sent.
+    let now = Instant::now();
+    let jobs: Vec<Job> = jobs.into_iter().filter(|j| j.wanted(now)).collect();
+    if jobs.is_empty() {
+        return;
+    }
     let Merged {
         keys,
         args,
         jobs,
         deadline,
     } = merge(jobs);
-    let live = match set.get_or_wait(deadline).await {
-        Ok(live) => live,
-        Err(e) => return fail_all(jobs, e),
-    };
     let mut conn = live.conn.clone();
     let budget = deadline.saturating_duration_since(Instant::now());
     let called = tokio::time::timeout_at(

@@ -5,8 +5,8 @@
 //! One lane per master (per slot while the node map is unknown) with at most one script call in
 //! flight: a check for an idle lane goes at once; checks arriving while their lane's call is in
 //! flight wait in it and ride the next call together (at most `MAX_CALLS` calls and `MAX_KEYS`
-//! keys; at most `MAX_WAITING` waiting over all lanes, beyond which a check fails at once to its
-//! failure mode). A batch of one slot declares its keys and follows MOVED and ASK as one check
+//! keys; at most `MAX_WAITING_PER_NODE` waiting in a lane and `MAX_WAITING` over all lanes, beyond
+//! which a call fails at once to its failure mode: a slow master fails its own calls only). A batch of one slot declares its keys and follows MOVED and ASK as one check
 //! would. A batch over several slots declares only its first key (Redis refuses declared keys of
 //! several slots) and carries the rest in its arguments; the script checks each is its node's
 //! (and not half migrated away) before it reads or writes anything, and answers TRYAGAIN when one
@@ -23,9 +23,7 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
-use super::batch::{
-    Job, MAX_CALLS, MAX_KEYS, MAX_WAITING, Merged, answer, fail_all, merge, submit,
-};
+use super::batch::{Job, MAX_CALLS, MAX_KEYS, Merged, answer, fail_all, merge, submit};
 use super::script::KeyReply;
 use super::{Spread, classify, did_not_run, eval_on_cluster, is_tryagain};
 use crate::store::StoreError;
@@ -40,6 +38,12 @@ const MAP_SPACING: Duration = Duration::from_secs(1);
 const MAX_NODES: usize = 1024;
 /// Marks a slot whose master the map does not know.
 const UNKNOWN: u16 = u16::MAX;
+/// Most calls waiting for one node (one lane): a slow master fills its own lane, beyond which
+/// its calls fail at once to their failure mode, while the other nodes' calls go on.
+pub const MAX_WAITING_PER_NODE: usize = 2048;
+/// Most calls waiting over all lanes (a bound on memory while the node map is unknown and
+/// lanes are per slot).
+pub const MAX_WAITING: usize = 16384;
 
 /// The sending side; cheap to clone. The dispatcher stops when the last clone is dropped.
 #[derive(Clone)]
@@ -118,12 +122,14 @@ async fn dispatch(
                 if !lane.busy {
                     lane.busy = true;
                     spawn_call(&cluster, id, vec![(slot, job)], &done_tx, &stale);
-                } else if waiting < MAX_WAITING {
+                } else if lane.waiting.len() < MAX_WAITING_PER_NODE && waiting < MAX_WAITING {
                     lane.waiting.push_back((slot, job));
                     waiting += 1;
                 } else {
                     let _ = job.reply.send(Err(StoreError::Unavailable(format!(
-                        "{MAX_WAITING} calls already wait for Redis; this one is not queued"
+                        "{} calls already wait for this Redis node ({waiting} for all); this one \
+                         is not queued",
+                        lane.waiting.len()
                     ))));
                 }
             }
@@ -163,18 +169,42 @@ fn spawn_call(
     stale: &Arc<Notify>,
 ) {
     let mut conn = cluster.clone();
-    let done = done.clone();
     let stale = stale.clone();
+    // The lane is freed when the call ends, even by a panic (the guard is dropped while the
+    // task unwinds; the jobs' callers then see their reply dropped): a lane never stays busy.
+    let freed = LaneFreed {
+        lane,
+        done: done.clone(),
+    };
     tokio::spawn(async move {
+        let _freed = freed;
         send(&mut conn, jobs, &stale).await;
-        let _ = done.send(lane);
     });
+}
+
+/// Tells the dispatcher a lane's script call has ended, when dropped.
+struct LaneFreed {
+    lane: u32,
+    done: mpsc::UnboundedSender<u32>,
+}
+
+impl Drop for LaneFreed {
+    fn drop(&mut self) {
+        let _ = self.done.send(self.lane);
+    }
 }
 
 /// One script call for `jobs`; every job gets its replies, or the call's error. A batch that
 /// comes back unrun (a slot half migrated, or moved since the node map was read) goes again as
 /// its calls, one script call each.
 async fn send(conn: &mut ClusterConnection, jobs: Vec<(u16, Job)>, stale: &Arc<Notify>) {
+    // A call whose caller has answered already (its deadline passed while a split batch went
+    // call by call) is not sent.
+    let now = Instant::now();
+    let jobs: Vec<(u16, Job)> = jobs.into_iter().filter(|(_, j)| j.wanted(now)).collect();
+    if jobs.is_empty() {
+        return;
+    }
     let spread = match jobs.as_slice() {
         [_] => Spread::Call,
         [(first, _), rest @ ..] if rest.iter().any(|(slot, _)| slot != first) => Spread::Slots,
@@ -331,7 +361,19 @@ pub fn slot_of(key: &str) -> u16 {
 
 #[cfg(test)]
 mod tests {
-    use super::slot_of;
+    use super::{LaneFreed, slot_of};
+
+    #[tokio::test]
+    async fn a_lane_whose_call_panics_is_freed() {
+        let (done, mut freed) = tokio::sync::mpsc::unbounded_channel();
+        let guard = LaneFreed { lane: 7, done };
+        let task = tokio::spawn(async move {
+            let _freed = guard;
+            panic!("a bug in a script call");
+        });
+        assert!(task.await.is_err());
+        assert_eq!(freed.recv().await, Some(7));
+    }
 
     #[test]
     fn slots_follow_redis_hash_tags() {

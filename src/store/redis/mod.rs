@@ -114,6 +114,26 @@ fn did_not_run(error: &RedisError) -> bool {
     ) || error.is_connection_refusal()
 }
 
+/// The checks of each slot (by their Redis keys' hash tags), as indices in `checks`: slots in
+/// order of first appearance, checks in order within each.
+fn by_slot(prefix: &str, checks: &[&Check]) -> Vec<(u16, Vec<usize>)> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    let mut index: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+    let mut key = String::new();
+    for (i, check) in checks.iter().enumerate() {
+        key.clear();
+        key.push_str(prefix);
+        key.push_str(&check.key);
+        let slot = cluster_batch::slot_of(&key);
+        let at = *index.entry(slot).or_insert_with(|| {
+            groups.push((slot, Vec::new()));
+            groups.len() - 1
+        });
+        groups[at].1.push(i);
+    }
+    groups
+}
+
 /// Where to send a script on Cluster: by its key's slot, or to the node a redirection named.
 #[derive(Debug, Clone)]
 enum Route {
@@ -262,99 +282,118 @@ impl RedisStore {
                 ChargeMode::AllOrNothing => {
                     self.all_or_nothing_cluster(checks, clock, deadline).await
                 }
-                mode => self.each_on_cluster(checks, clock, deadline, mode).await,
+                mode => {
+                    let mode = script::mode_arg(mode);
+                    self.each_slot_on_cluster(checks, clock, deadline, mode)
+                        .await
+                }
             },
         }
     }
 
-    /// Cluster: each check in its slot's next script call, concurrently, each within the
-    /// deadline.
-    async fn each_on_cluster(
+    /// Cluster: the checks of each slot as one call in that slot's next script call (one job per
+    /// slot, not per check: a call of many descriptors waits as few jobs), the slots
+    /// concurrently, each within the deadline; `mode` is the script's (`script::mode_arg`, or
+    /// `script::LOOK_ALL`).
+    async fn each_slot_on_cluster(
         &self,
         checks: &[&Check],
         clock: ScriptClock,
         deadline: Instant,
-        mode: ChargeMode,
-    ) -> Vec<Result<Vec<u64>, StoreError>> {
-        let calls = checks.iter().map(|check| async move {
-            let mut values = self.eval_slot(&[check], clock, mode, deadline).await?;
-            values
-                .pop()
-                .ok_or_else(|| StoreError::Protocol("script answered no result".into()))?
+        mode: i64,
+    ) -> Vec<KeyReply> {
+        let groups = by_slot(&self.prefix, checks);
+        let calls = groups.iter().map(|(slot, members)| {
+            let group: Vec<&Check> = members.iter().map(|&i| checks[i]).collect();
+            async move {
+                match self.eval_slot(*slot, &group, clock, mode, deadline).await {
+                    Ok(values) if values.len() == group.len() => values,
+                    Ok(values) => vec![
+                        Err(StoreError::Protocol(format!(
+                            "script answered {} results for {} keys",
+                            values.len(),
+                            group.len()
+                        )));
+                        group.len()
+                    ],
+                    Err(e) => vec![Err(e); group.len()],
+                }
+            }
         });
-        join_all(calls).await
+        let answered = join_all(calls).await;
+        let mut replies: Vec<Option<KeyReply>> = (0..checks.len()).map(|_| None).collect();
+        for ((_, members), values) in groups.iter().zip(answered) {
+            for (&i, value) in members.iter().zip(values) {
+                replies[i] = Some(value);
+            }
+        }
+        replies
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Protocol("a reply is missing".into()))))
+            .collect()
     }
 
-    /// Checks whose keys share one slot, as one call in the next script call of that slot
+    /// Checks whose keys share `slot`, as one call in the next script call of that slot's node
     /// (`cluster_batch`): concurrent calls on a hot key share script calls.
     async fn eval_slot(
         &self,
+        slot: u16,
         checks: &[&Check],
         clock: ScriptClock,
-        mode: ChargeMode,
+        mode: i64,
         deadline: Instant,
     ) -> Result<Vec<KeyReply>, StoreError> {
         let Some(batcher) = &self.slot_batcher else {
             return Err(StoreError::Protocol("no Cluster dispatcher".into()));
         };
         let (keys, args) = self.encode(checks, clock, mode);
-        let slot = cluster_batch::slot_of(&keys[0]);
         batcher.call(slot, keys, args, deadline).await
     }
 
-    /// Cluster, all or nothing: one script call, atomic, when every key is in one slot (the
-    /// limits of one layered descriptor); else look at every charge, then charge only if all
-    /// would pass.
+    /// Cluster, all or nothing: one script call, atomic, when every key is in one slot (one
+    /// descriptor, or the limits of one layered descriptor); else two steps: the call is looked
+    /// at (each slot's checks as the script's all-or-nothing look, nothing written), then, only
+    /// if every charge would pass, charged (each slot's checks all or nothing). What that
+    /// guarantees: a call refused at the first step charges nothing; a call that races another
+    /// between the steps may have one slot's checks charged although another slot's are then
+    /// refused (never more admitted than a limit; at worst a little less).
     async fn all_or_nothing_cluster(
         &self,
         checks: &[&Check],
         clock: ScriptClock,
         deadline: Instant,
-    ) -> Vec<Result<Vec<u64>, StoreError>> {
-        if let Some((first, rest)) = checks.split_first()
-            && !rest.is_empty()
-            && rest
-                .iter()
-                .all(|c| cluster_batch::slot_of(&c.key) == cluster_batch::slot_of(&first.key))
-        {
-            return match self
-                .eval_slot(checks, clock, ChargeMode::AllOrNothing, deadline)
-                .await
-            {
-                Ok(values) if values.len() == checks.len() => values,
-                Ok(values) => vec![
-                    Err(StoreError::Protocol(format!(
-                        "script answered {} results for {} keys",
-                        values.len(),
-                        checks.len()
-                    )));
-                    checks.len()
-                ],
-                Err(e) => vec![Err(e); checks.len()],
-            };
+    ) -> Vec<KeyReply> {
+        let all_or_nothing = script::mode_arg(ChargeMode::AllOrNothing);
+        if by_slot(&self.prefix, checks).len() <= 1 {
+            return self
+                .each_slot_on_cluster(checks, clock, deadline, all_or_nothing)
+                .await;
         }
         let looked = self
-            .each_on_cluster(checks, clock, deadline, ChargeMode::Probe)
+            .each_slot_on_cluster(checks, clock, deadline, script::LOOK_ALL)
             .await;
         let all_pass = checks.iter().zip(&looked).all(|(check, answer)| {
             check.refund || answer.as_ref().is_ok_and(|reply| script::allowed(reply))
         });
-        // Refunds and post-paid charges always apply; other charges only when every one would
-        // pass.
-        let to_run: Vec<&Check> = checks
-            .iter()
-            .copied()
-            .filter(|c| all_pass || c.refund || c.post_paid)
-            .collect();
+        if all_pass {
+            return self
+                .each_slot_on_cluster(checks, clock, deadline, all_or_nothing)
+                .await;
+        }
+        // Refunds and post-paid charges always apply; the other charges answer what the look
+        // found.
+        let applies = |c: &&Check| c.refund || c.post_paid;
+        let to_run: Vec<&Check> = checks.iter().copied().filter(applies).collect();
+        let each_alone = script::mode_arg(ChargeMode::EachAlone);
         let mut ran = self
-            .each_on_cluster(&to_run, clock, deadline, ChargeMode::EachAlone)
+            .each_slot_on_cluster(&to_run, clock, deadline, each_alone)
             .await
             .into_iter();
         checks
             .iter()
             .zip(looked)
             .map(|(check, looked)| {
-                if all_pass || check.refund || check.post_paid {
+                if applies(check) {
                     ran.next().unwrap_or_else(|| {
                         Err(StoreError::Protocol(
                             "a second step answered too little".into(),
@@ -382,7 +421,7 @@ impl RedisStore {
         let Some(batcher) = &self.batcher else {
             return vec![Err(StoreError::Protocol("no dispatcher".into())); checks.len()];
         };
-        let (keys, args) = self.encode(checks, clock, mode);
+        let (keys, args) = self.encode(checks, clock, script::mode_arg(mode));
         match batcher.call(keys, args, deadline).await {
             Ok(values) => values,
             Err(e) => vec![Err(e); checks.len()],
@@ -391,12 +430,7 @@ impl RedisStore {
 
     /// One call's keys and arguments as the script reads a call: clock, mode, key count, then
     /// six numbers per key.
-    fn encode(
-        &self,
-        checks: &[&Check],
-        clock: ScriptClock,
-        mode: ChargeMode,
-    ) -> (Vec<String>, Vec<i64>) {
+    fn encode(&self, checks: &[&Check], clock: ScriptClock, mode: i64) -> (Vec<String>, Vec<i64>) {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
         let mut args: Vec<i64> = Vec::with_capacity(3 + checks.len() * script::ARGS_PER_KEY);
         script::push_call(checks, clock, mode, &mut args);

@@ -66,11 +66,16 @@ impl ScriptClock {
     }
 }
 
-/// Pushes one call as the script reads it: its clock, its mode, its key count, then six numbers
-/// per check. A script call carries the number of calls first, then its calls one after another.
-pub fn push_call(checks: &[&Check], clock: ScriptClock, mode: ChargeMode, args: &mut Vec<i64>) {
+/// The script's mode that looks at an all-or-nothing call without charging it: what mode 1 would
+/// answer (the call's charges tried in order on copies), nothing written.
+pub const LOOK_ALL: i64 = 3;
+
+/// Pushes one call as the script reads it: its clock, its mode (`mode_arg`, or `LOOK_ALL`), its
+/// key count, then six numbers per check. A script call carries the number of calls first, then
+/// its calls one after another.
+pub fn push_call(checks: &[&Check], clock: ScriptClock, mode: i64, args: &mut Vec<i64>) {
     args.push(i64::try_from(clock.arg()).unwrap_or(i64::MAX));
-    args.push(mode_arg(mode));
+    args.push(mode);
     args.push(checks.len() as i64);
     for check in checks {
         push_args(check, args);
