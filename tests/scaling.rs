@@ -299,3 +299,54 @@ async fn a_removed_domain_loses_its_scaling_gauge() {
     }
     server.stop().await;
 }
+
+/// `POST /scaling` lifts or cuts every limit: with a token file it needs that bearer token
+/// (read on each change: a rotated Secret applies), and off loopback the service will not start
+/// without one. Names are bounded.
+#[tokio::test]
+async fn a_scaling_change_needs_the_bearer_token() {
+    let secret = tempfile::tempdir().expect("temp dir");
+    let token_file = secret.path().join("token");
+    std::fs::write(&token_file, "s3cret-token-1\n").unwrap();
+    let server = TestServer::start_with(&[("api.yaml", RULES)], |s| {
+        s.admin_scaling = true;
+        s.admin_scaling_token_file = Some(token_file.clone());
+    })
+    .await;
+    let body = r#"{"scope":"domain","name":"api","factor":0.5,"for_seconds":60}"#;
+    let post = |headers: &'static [(&'static str, &'static str)], body: String| {
+        let port = admin(&server);
+        async move { common::http_with(port, "POST", "/scaling", headers, &body).await }
+    };
+    assert_eq!(post(&[], body.into()).await.0, 401);
+    let wrong = &[("Authorization", "Bearer s3cret-token-2")];
+    assert_eq!(post(wrong, body.into()).await.0, 401);
+    assert_eq!(factor_of(&server, "api").await, 1.0, "nothing changed");
+    let right = &[("Authorization", "Bearer s3cret-token-1")];
+    assert_eq!(post(right, body.into()).await.0, 200);
+    assert_eq!(factor_of(&server, "api").await, 0.5);
+    // The Secret rotates: the old token no longer works.
+    std::fs::write(&token_file, "s3cret-token-2").unwrap();
+    assert_eq!(post(right, body.into()).await.0, 401);
+    assert_eq!(post(wrong, body.into()).await.0, 200);
+    // A name longer than any domain or rule name is refused.
+    let long = format!(
+        r#"{{"scope":"name","name":"{}","factor":0.5,"for_seconds":60}}"#,
+        "n".repeat(300)
+    );
+    let (status, text) = post(wrong, long).await;
+    assert_eq!(status, 400, "{text}");
+    server.stop().await;
+
+    // Reachable by others and no token: the start is refused, naming the flag.
+    let mut settings = Settings::for_tests(secret.path().to_path_buf());
+    settings.admin_scaling = true;
+    settings.admin_addr = "0.0.0.0:0".parse().unwrap();
+    let refused = settings.validate().expect_err("refused");
+    assert!(
+        refused.to_string().contains("--admin-scaling-token-file"),
+        "{refused}"
+    );
+    settings.admin_scaling_token_file = Some(token_file);
+    settings.validate().expect("with a token file");
+}

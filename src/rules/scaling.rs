@@ -48,6 +48,13 @@ impl Scope {
     /// From the admin endpoint's `scope` and `name`.
     pub fn parse(scope: &str, name: Option<&str>) -> Result<Scope, String> {
         let name = name.filter(|n| !n.is_empty());
+        if let Some(n) = name
+            && n.len() > MAX_SCOPE_NAME
+        {
+            return Err(format!(
+                "a scaling name is at most {MAX_SCOPE_NAME} bytes (a domain or rule name)"
+            ));
+        }
         match (scope, name) {
             ("global", None) => Ok(Scope::Global),
             ("global", Some(_)) => Err("scope global takes no name".into()),
@@ -70,6 +77,9 @@ impl std::fmt::Display for Scope {
         }
     }
 }
+
+/// The longest domain or rule name a temporary factor may name (each is a field in the store).
+pub const MAX_SCOPE_NAME: usize = 256;
 
 /// Whether `factor` may be used, and why not.
 pub fn check_factor(factor: f64) -> Result<f64, String> {

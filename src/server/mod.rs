@@ -393,6 +393,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         ready_on_permanent_store_errors: settings.ready_on_permanent_store_errors,
         store_ping_timeout: settings.store_timeout.max(Duration::from_millis(250)),
         scaling: scaling_handle,
+        scaling_token_file: settings.admin_scaling_token_file.clone(),
     };
     tasks.push(spawn_readiness(
         admin_state.clone(),

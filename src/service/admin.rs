@@ -43,6 +43,8 @@ pub struct AdminState {
     pub store_ping_timeout: std::time::Duration,
     /// Runtime scaling in force, and what reads it back from the store.
     pub scaling: Arc<ScalingHandle>,
+    /// The file of the bearer token `POST /scaling` requires; none: no token (loopback only).
+    pub scaling_token_file: Option<std::path::PathBuf>,
 }
 
 /// Which endpoints one HTTP listener serves.
@@ -204,7 +206,53 @@ struct ScalingChange {
 /// scaling file's job).
 const MAX_SCALING_SECONDS: u64 = 7 * 24 * 3600;
 
-async fn scaling_set(State(state): State<AdminState>, body: axum::body::Bytes) -> Response {
+/// The refusal, unless the call carries the bearer token of `file` (read now: a rotated Secret
+/// applies).
+fn unauthorized(file: &std::path::Path, headers: &axum::http::HeaderMap) -> Option<Response> {
+    let token = match std::fs::read_to_string(file) {
+        Ok(text) if !text.trim().is_empty() => text.trim().to_owned(),
+        Ok(_) | Err(_) => {
+            tracing::warn!(file = %file.display(), "the scaling token file is missing or empty: POST /scaling refused");
+            return Some(json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the scaling token cannot be read; no change is accepted",
+            ));
+        }
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compared in time independent of where they differ.
+    let same = given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        return None;
+    }
+    tracing::warn!("POST /scaling without the right bearer token refused");
+    Some((
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "a scaling change needs Authorization: Bearer <token>\n",
+    )
+        .into_response())
+}
+
+async fn scaling_set(
+    State(state): State<AdminState>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Some(file) = &state.scaling_token_file
+        && let Some(refused) = unauthorized(file, &headers)
+    {
+        return refused;
+    }
     let change: ScalingChange = match serde_json::from_slice(&body) {
         Ok(c) => c,
         Err(e) => {

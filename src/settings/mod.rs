@@ -268,6 +268,11 @@ pub struct Settings {
     /// domain edge for 30 minutes"), kept in the store so every replica applies them.
     #[arg(long, env = "PORTCULLIS_ADMIN_SCALING")]
     pub admin_scaling: bool,
+    /// A file holding the bearer token `POST /scaling` requires (`Authorization: Bearer ...`;
+    /// a mounted Secret; read on each change, so a rotated Secret applies). Required with
+    /// --admin-scaling unless the admin listener is loopback-only.
+    #[arg(long, env = "PORTCULLIS_ADMIN_SCALING_TOKEN_FILE")]
+    pub admin_scaling_token_file: Option<PathBuf>,
     /// A YAML file of factors on limits (`global`, `domains`, `names`), watched like the rules.
     #[arg(long, env = "PORTCULLIS_SCALING_FILE")]
     pub scaling_file: Option<PathBuf>,
@@ -709,6 +714,16 @@ impl Settings {
                 self.store_timeout
             ));
         }
+        if self.admin_scaling
+            && self.admin_scaling_token_file.is_none()
+            && !self.admin_addr.ip().is_loopback()
+        {
+            problems.push(format!(
+                "--admin-scaling on a listener others can reach ({}) needs \
+                 --admin-scaling-token-file: anyone reaching it could otherwise lift every limit",
+                self.admin_addr
+            ));
+        }
         if !(0.0..=1.0).contains(&self.near_limit_ratio) {
             problems.push(format!(
                 "--near-limit-ratio {} must be a number from 0 to 1",
@@ -782,6 +797,7 @@ impl Settings {
             admin_addr: ([127, 0, 0, 1], 0).into(),
             admin_json: false,
             admin_scaling: false,
+            admin_scaling_token_file: None,
             scaling_file: None,
             admin_header_timeout: Duration::from_secs(5),
             grpc_max_concurrent_streams: 1024,

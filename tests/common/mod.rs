@@ -100,12 +100,27 @@ pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitReques
 
 /// One HTTP/1.1 exchange with a loopback listener (admin, debug ports): status and body.
 pub async fn http(port: u16, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_with(port, method, path, &[], body).await
+}
+
+/// `http` with extra request headers.
+pub async fn http_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .expect("connect");
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await.expect("send");
