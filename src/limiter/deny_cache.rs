@@ -1,9 +1,11 @@
 //! The local deny cache: when the store refuses a check, it also says when that same request could
 //! pass (`retry_after`). Until then a call for the same counter and limit costing at least as much
 //! is refused here, without a store round trip: a client hammering a spent limit costs Redis
-//! nothing. Other replicas can only spend more of the budget, never return it, so the cached
-//! denial is never wrong for its duration. Durations are measured on this process's monotonic
-//! clock: only relative times matter here.
+//! nothing. Another replica may give budget back (a refund this replica never sees), so a denial
+//! is kept at most `max_age` (1 s by default), whatever its retry time: that bounds how long a
+//! refusal outlives a refund made elsewhere; the answer still carries the full retry time. A
+//! refund made here forgets the denial at once. Durations are measured on this process's
+//! monotonic clock: only relative times matter here.
 //!
 //! Bounded in entries and in bytes (keys are request-fed): each shard is an LRU list, and an
 //! insert evicts the least recently used denials until it fits, O(1) each. Eviction only costs a
@@ -27,6 +29,8 @@ const ENTRY_OVERHEAD_BYTES: usize = std::mem::size_of::<Denial>() + 64;
 pub struct DenyCacheBounds {
     pub max_entries: usize,
     pub max_bytes: usize,
+    /// The longest a denial is kept (a refund on another replica shows after at most this).
+    pub max_age: Duration,
 }
 
 impl Default for DenyCacheBounds {
@@ -34,6 +38,7 @@ impl Default for DenyCacheBounds {
         Self {
             max_entries: 100_000,
             max_bytes: 16 << 20,
+            max_age: Duration::from_secs(1),
         }
     }
 }
@@ -41,7 +46,10 @@ impl Default for DenyCacheBounds {
 struct Denial {
     /// The limit the refusal was under: a reload that changes it must not be shadowed.
     limit: Limit,
+    /// When the entry goes: its retry time, or `max_age` after the refusal if sooner.
     until: Instant,
+    /// When the request could pass, as the store said (the answer's retry time).
+    retry_at: Instant,
     hits: u64,
     decision: Decision,
     decided_at: Instant,
@@ -57,6 +65,7 @@ pub struct DenyCache {
     hasher: RandomState,
     max_entries_per_shard: usize,
     max_bytes_per_shard: usize,
+    max_age: Duration,
 }
 
 fn cost(key: &str) -> usize {
@@ -77,6 +86,7 @@ impl DenyCache {
             hasher: RandomState::new(),
             max_entries_per_shard: bounds.max_entries.div_ceil(SHARDS).max(1),
             max_bytes_per_shard: bounds.max_bytes.div_ceil(SHARDS),
+            max_age: bounds.max_age,
         }
     }
 
@@ -106,7 +116,7 @@ impl DenyCache {
             reset_after: denial.decision.reset_after.saturating_sub(elapsed),
             retry_after: Some(
                 denial
-                    .until
+                    .retry_at
                     .duration_since(now)
                     .max(Duration::from_micros(1)),
             ),
@@ -154,7 +164,8 @@ impl DenyCache {
             check.key.clone(),
             Denial {
                 limit: check.limit,
-                until: now + retry_after,
+                until: now + retry_after.min(self.max_age),
+                retry_at: now + retry_after,
                 hits: check.hits,
                 decision: *decision,
                 decided_at: now,
@@ -208,6 +219,7 @@ mod tests {
     #[test]
     fn live_denials_never_outgrow_the_entry_bound() {
         let cache = DenyCache::new(DenyCacheBounds {
+            max_age: Duration::from_secs(3600),
             max_entries: 1_000,
             max_bytes: usize::MAX,
         });
@@ -228,6 +240,7 @@ mod tests {
     fn long_keys_never_outgrow_the_byte_bound() {
         let max_bytes = 256 * 1024;
         let cache = DenyCache::new(DenyCacheBounds {
+            max_age: Duration::from_secs(3600),
             max_entries: usize::MAX,
             max_bytes,
         });

@@ -201,6 +201,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
                 deny_cache: settings.deny_cache.then_some(DenyCacheBounds {
                     max_entries: settings.deny_cache_max_entries,
                     max_bytes: settings.deny_cache_max_bytes,
+                    max_age: settings.deny_cache_max_age,
                 }),
             };
             Limiter::with_policy(Box::new(store), config, fallback, metrics.clone())

@@ -234,13 +234,22 @@ fn unauthorized(file: &std::path::Path, headers: &axum::http::HeaderMap) -> Opti
     if same {
         return None;
     }
-    tracing::warn!("POST /scaling without the right bearer token refused");
-    Some((
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        "a scaling change needs Authorization: Bearer <token>\n",
+    static REFUSED: std::sync::LazyLock<crate::telemetry::LogThrottle> =
+        std::sync::LazyLock::new(Default::default);
+    if let Some(skipped) = REFUSED.allow() {
+        tracing::warn!(
+            similar_not_logged = skipped,
+            "POST /scaling without the right bearer token refused"
+        );
+    }
+    Some(
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "a scaling change needs Authorization: Bearer <token>\n",
+        )
+            .into_response(),
     )
-        .into_response())
 }
 
 async fn scaling_set(

@@ -381,6 +381,10 @@ pub struct Settings {
     /// Most memory the deny cache's entries are accounted at, in bytes (keys and bookkeeping).
     #[arg(long, env = "PORTCULLIS_DENY_CACHE_MAX_BYTES", default_value_t = 16 << 20)]
     pub deny_cache_max_bytes: usize,
+    /// The longest a refusal is remembered, whatever its retry time: a refund made on another
+    /// replica is seen after at most this.
+    #[arg(long, env = "PORTCULLIS_DENY_CACHE_MAX_AGE", default_value = "1s", value_parser = parse_duration)]
+    pub deny_cache_max_age: Duration,
     /// Most counters the memory store (and the `local` failure mode's) holds, about 400 bytes
     /// each. When full, a new descriptor is answered by the failure mode (counted, logged) until
     /// counters expire: a live counter is never evicted, which would hand its budget back.
@@ -625,6 +629,12 @@ impl Settings {
             Duration::from_secs(60),
         );
         duration(
+            "--deny-cache-max-age",
+            self.deny_cache_max_age,
+            Duration::from_millis(1),
+            Duration::from_secs(3600),
+        );
+        duration(
             "--redis-connect-timeout",
             self.redis_connect_timeout,
             Duration::from_millis(1),
@@ -836,6 +846,7 @@ impl Settings {
             deny_cache_max_entries: 100_000,
             memory_max_counters: crate::store::memory::DEFAULT_MAX_COUNTERS,
             deny_cache_max_bytes: 16 << 20,
+            deny_cache_max_age: Duration::from_secs(1),
             response_headers: HeadersMode::Off,
             shadow_mode: false,
             quota_mode: false,
