@@ -12,7 +12,8 @@
 //! deadline; one slow reply does not throw away a healthy connection.
 //!
 //! Every socket gets TCP_NODELAY (a decision is one small request; Nagle would hold it for the
-//! previous ACK) and TCP keepalive (a peer that vanished without a FIN is noticed). This module
+//! previous ACK), TCP keepalive and TCP_USER_TIMEOUT (a peer that vanished without a FIN is
+//! noticed, idle or with data in flight). This module
 //! must never log a password.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -155,13 +156,21 @@ fn address(host: String, port: u16, tls: bool) -> ConnectionAddr {
     }
 }
 
-/// TCP_NODELAY and keepalive (probes after 30 s idle, every 10 s).
+/// How long data sent to Redis may stay unacknowledged before the kernel drops the connection
+/// (TCP_USER_TIMEOUT): without it, a peer gone without a FIN (a node powered off, a partition)
+/// holds a connection through about 15 minutes of retransmissions.
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TCP_NODELAY, keepalive (probes after 30 s idle, every 10 s) and TCP_USER_TIMEOUT.
 pub fn tcp_settings() -> TcpSettings {
-    TcpSettings::default().set_nodelay(true).set_keepalive(
-        socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(30))
-            .with_interval(Duration::from_secs(10)),
-    )
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(
+            socket2::TcpKeepalive::new()
+                .with_time(Duration::from_secs(30))
+                .with_interval(Duration::from_secs(10)),
+        )
+        .set_user_timeout(TCP_USER_TIMEOUT)
 }
 
 fn certificates(
@@ -542,6 +551,14 @@ impl Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_redis_socket_gives_up_on_a_silent_peer() {
+        let settings = tcp_settings();
+        assert!(settings.nodelay());
+        assert!(settings.keepalive().is_some());
+        assert_eq!(settings.user_timeout(), Some(TCP_USER_TIMEOUT));
+    }
 
     #[test]
     fn passwords_never_reach_debug_output() {
