@@ -262,6 +262,75 @@ async fn go_stat_names_over_statsd_and_prometheus() {
     }
 }
 
+/// Every statsd line (`name:value|c...`) received on `socket` until one for `name_prefix`
+/// arrives or 10 s pass.
+fn statsd_lines(socket: &std::net::UdpSocket, name_prefix: &str) -> Vec<String> {
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut lines = Vec::new();
+    let start = Instant::now();
+    let mut buf = [0u8; 65_536];
+    while !lines.iter().any(|l: &String| l.starts_with(name_prefix))
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        if let Ok(n) = socket.recv(&mut buf) {
+            lines.extend(
+                String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .map(str::to_owned),
+            );
+        }
+    }
+    lines
+}
+
+/// EXTRA_TAGS tags every statsd counter as the Go service does: in the name
+/// (`.__key=value`, keys sorted, `.:|` in values as `_`), or as DogStatsD tags with
+/// USE_DOG_STATSD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_tags_tag_every_statsd_counter_as_go_does() {
+    let root = config_tree();
+    let redis = RedisServer::start();
+    let hits = "ratelimit.service.rate_limit.edge.user.total_hits";
+    for dog in [false, true] {
+        let statsd = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut envs = go_env(root.path());
+        envs.retain(|(k, _)| *k != "USE_STATSD");
+        envs.extend([
+            ("REDIS_SOCKET_TYPE", "tcp".into()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("STATSD_HOST", "127.0.0.1".into()),
+            (
+                "STATSD_PORT",
+                statsd.local_addr().unwrap().port().to_string(),
+            ),
+            ("STATS_FLUSH_INTERVAL", "100ms".into()),
+            ("EXTRA_TAGS", "release:v1.2,commit:abc".into()),
+            ("USE_DOG_STATSD", dog.to_string()),
+        ]);
+        let server = ServeProcess::spawn_as_ratelimit(&envs);
+        let mut client = RateLimitServiceClient::connect(server.grpc_url())
+            .await
+            .expect("connect");
+        client
+            .should_rate_limit(request("edge", &[&[("user", "tagged")]]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+        let lines = statsd_lines(&statsd, hits);
+        let want = if dog {
+            format!("{hits}:1|c|#commit:abc,release:v1_2")
+        } else {
+            format!("{hits}.__commit=abc.__release=v1_2:1|c")
+        };
+        assert!(
+            lines.contains(&want),
+            "{want} not among {lines:?}\n{}",
+            server.log()
+        );
+    }
+}
+
 #[test]
 fn a_go_variable_that_cannot_be_honoured_stops_the_start_naming_it() {
     let root = config_tree();

@@ -424,12 +424,13 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         )));
     }
     if let Some(addr) = &settings.statsd_addr {
-        tasks.push(statsd::spawn(
-            addr.clone(),
-            settings.statsd_flush_interval,
-            metrics.clone(),
-            stopped.clone(),
-        ));
+        let config = statsd::StatsdConfig {
+            addr: addr.clone(),
+            interval: settings.statsd_flush_interval,
+            tags: settings.statsd_tags.clone(),
+            dogstatsd: settings.statsd_dogstatsd,
+        };
+        tasks.push(statsd::spawn(config, metrics.clone(), stopped.clone()));
     }
     if !from_xds {
         let rules_watch = reload::RulesWatch {

@@ -64,7 +64,6 @@ const IGNORED: &[(&str, &str)] = &[
         "REDIS_STARTUP_MAX_ELAPSED_TIME",
         "Portcullis starts without Redis and connects in the background",
     ),
-    ("EXTRA_TAGS", "statsd counters are sent without tags"),
     (
         "USE_DOG_STATSD_MOGRIFIERS",
         "statsd counters keep the Go service's plain names",
@@ -422,6 +421,21 @@ pub fn from_go_env(
         let port = r.number("STATSD_PORT", 8125u16);
         s.statsd_addr = Some(format!("{host}:{port}"));
         s.statsd_flush_interval = r.duration("STATS_FLUSH_INTERVAL", Duration::from_secs(10));
+        s.statsd_dogstatsd = dog;
+        // Go reads a map: `k1:v1,k2:v2`.
+        if let Some(tags) = r.get("EXTRA_TAGS") {
+            for pair in tags.split(',') {
+                match pair.split(':').collect::<Vec<_>>().as_slice() {
+                    [key, value] if !key.is_empty() && !value.is_empty() => {
+                        s.statsd_tags.push(((*key).to_owned(), (*value).to_owned()));
+                    }
+                    _ => r.problems.push(format!(
+                        "EXTRA_TAGS={tags:?}: {pair:?} is not key:value (as the Go service \
+                         reads it)"
+                    )),
+                }
+            }
+        }
     } else {
         s.statsd_addr = None;
     }
@@ -524,6 +538,19 @@ mod tests {
         assert_eq!(s.failure_mode, FailureMode::Error);
         assert_eq!(s.redis_pool_size, 10);
         assert_eq!(s.store_timeout, base().store_timeout);
+
+        let s = from_go_env(base(), &env(&[("EXTRA_TAGS", "release:v1,zone:eu")])).unwrap();
+        assert_eq!(
+            s.statsd_tags,
+            [
+                ("release".into(), "v1".into()),
+                ("zone".into(), "eu".into())
+            ]
+        );
+        let Err(e) = from_go_env(base(), &env(&[("EXTRA_TAGS", "release:v1:x")])) else {
+            panic!("a tag Go cannot read is refused");
+        };
+        assert!(e.to_string().contains("EXTRA_TAGS"), "{e}");
 
         // Go bounds each Redis command by REDIS_TIMEOUT: so does every decision.
         let s = from_go_env(base(), &env(&[("REDIS_TIMEOUT", "250ms")])).unwrap();

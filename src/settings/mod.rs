@@ -124,6 +124,16 @@ impl std::str::FromStr for Secret {
 }
 
 /// `15ms`, `2s`, or a bare number of milliseconds.
+/// `KEY=VALUE`, both non-empty.
+pub fn parse_tag(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() && !value.is_empty() => {
+            Ok((key.to_owned(), value.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not KEY=VALUE")),
+    }
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, scale_us) = if let Some(n) = text.strip_suffix("ms") {
@@ -512,6 +522,14 @@ pub struct Settings {
     /// How often counters are sent to statsd.
     #[arg(long, env = "PORTCULLIS_STATSD_FLUSH_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub statsd_flush_interval: Duration,
+    /// A tag on every statsd counter, `KEY=VALUE` (repeat the flag, or commas in the variable):
+    /// written into the name as envoyproxy/ratelimit's statsd library does (`NAME.__KEY=VALUE`,
+    /// keys sorted, `.:|` in values as `_`), or as DogStatsD tags with --statsd-dogstatsd.
+    #[arg(long = "statsd-tag", env = "PORTCULLIS_STATSD_TAGS", value_delimiter = ',', value_parser = parse_tag)]
+    pub statsd_tags: Vec<(String, String)>,
+    /// Send statsd tags the DogStatsD way (`NAME:1|c|#KEY:VALUE`).
+    #[arg(long, env = "PORTCULLIS_STATSD_DOGSTATSD")]
+    pub statsd_dogstatsd: bool,
     /// Serve Prometheus metrics under envoyproxy/ratelimit's names and labels (its Prometheus
     /// sink's mapping) on this address, for dashboards and alerts built on them.
     #[arg(long, env = "PORTCULLIS_GO_METRICS_ADDR")]
@@ -876,6 +894,8 @@ impl Settings {
             traces_sampling_ratio: None,
             statsd_addr: None,
             statsd_flush_interval: Duration::from_secs(10),
+            statsd_tags: Vec::new(),
+            statsd_dogstatsd: false,
             go_metrics_addr: None,
             go_metrics_path: "/metrics".into(),
             default_algorithm: Algorithm::SlidingWindow,
