@@ -262,6 +262,69 @@ async fn go_stat_names_over_statsd_and_prometheus() {
     }
 }
 
+/// Envoy Gateway's rate limit Deployment with Prometheus on: USE_PROMETHEUS, PROMETHEUS_ADDR and
+/// PROMETHEUS_MAPPER_YAML naming its statsd_exporter mapping. The binary starts (it refused the
+/// variable before) and serves the series the mapping makes; what the mapping drops is absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateways_prometheus_mapping_is_served() {
+    let root = config_tree();
+    let redis = RedisServer::start();
+    let prometheus = free_port();
+    let mapping = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/envoy-gateway-statsd-mapping.yaml"
+    );
+    let mut envs = go_env(root.path());
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("USE_PROMETHEUS", "true".into()),
+        ("PROMETHEUS_ADDR", format!("127.0.0.1:{prometheus}")),
+        ("PROMETHEUS_MAPPER_YAML", mapping.into()),
+    ]);
+    let server = ServeProcess::spawn_as_ratelimit(&envs);
+    serves_like_the_go_service(&server, &envs, "erin").await;
+    let (status, text) = http(prometheus, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    for series in [
+        r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="user"} 5"#,
+        r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="user"} 2"#,
+        r#"ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 4"#,
+        r#"ratelimit_service_config_load_success 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == series), "{series} in:\n{text}");
+    }
+    assert!(
+        text.lines().any(|l| l.starts_with(
+            r#"ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"}"#
+        )),
+        "{text}"
+    );
+    // Not in the mapping: dropped by its catch-all (the default mapping would export it).
+    assert!(!text.contains("near_limit"), "{text}");
+
+    // A mapping that does not parse stops the start, naming the file.
+    let broken = root.path().join("broken.yaml");
+    std::fs::write(
+        &broken,
+        "mappings:\n  - match: \"a.(\"\n    match_type: regex\n    name: x\n",
+    )
+    .unwrap();
+    let mut envs = go_env(root.path());
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("USE_PROMETHEUS", "true".into()),
+        ("PROMETHEUS_ADDR", format!("127.0.0.1:{}", free_port())),
+        ("PROMETHEUS_MAPPER_YAML", broken.display().to_string()),
+    ]);
+    let (_dir, mut command) = ServeProcess::ratelimit_command(&envs);
+    let out = command.output().expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("broken.yaml"), "{stderr}");
+}
+
 /// Every statsd line (`name:value|c...`) received on `socket` until one for `name_prefix`
 /// arrives or 10 s pass.
 fn statsd_lines(socket: &std::net::UdpSocket, name_prefix: &str) -> Vec<String> {

@@ -36,6 +36,7 @@ use crate::settings::{Settings, StoreKind};
 use crate::store::redis::{RedisConfig, SentinelAuth, Topology};
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
+use crate::telemetry::statsd_mapping::StatsdMapping;
 
 /// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
 /// written for it ask for this name.
@@ -136,6 +137,13 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
                 "rules loaded"
             );
             metrics.rules_loaded(snapshot.loaded_at);
+            // The first load is a load, as the Go service's config_load_success counts it.
+            metrics
+                .rules_reloads
+                .get_or_create(&crate::telemetry::ResultLabels {
+                    result: "success".into(),
+                })
+                .inc();
             (snapshot, None)
         }
         Some(server) => (
@@ -383,6 +391,25 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     };
 
     let draining = Arc::new(AtomicBool::new(false));
+    // A custom statsd_exporter mapping for the Go-named series: read now, refused whole.
+    let go_mapping = match &settings.go_metrics_mapping {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                StartError::Settings(format!(
+                    "the statsd_exporter mapping {} cannot be read: {e}",
+                    path.display()
+                ))
+            })?;
+            let mapping = StatsdMapping::parse(&text).map_err(|e| {
+                StartError::Settings(format!(
+                    "the statsd_exporter mapping {} is refused: {e}",
+                    path.display()
+                ))
+            })?;
+            Some(Arc::new(mapping))
+        }
+    };
     let admin_state = admin::AdminState {
         rules: rules.clone(),
         limiter,
@@ -395,6 +422,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         store_ping_timeout: settings.store_timeout.max(Duration::from_millis(250)),
         scaling: scaling_handle,
         scaling_token_file: settings.admin_scaling_token_file.clone(),
+        go_mapping,
     };
     tasks.push(spawn_readiness(
         admin_state.clone(),

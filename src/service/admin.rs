@@ -45,6 +45,8 @@ pub struct AdminState {
     pub scaling: Arc<ScalingHandle>,
     /// The file of the bearer token `POST /scaling` requires; none: no token (loopback only).
     pub scaling_token_file: Option<std::path::PathBuf>,
+    /// A statsd_exporter mapping for the Go-named series (else the Go service's default one).
+    pub go_mapping: Option<Arc<crate::telemetry::statsd_mapping::StatsdMapping>>,
 }
 
 /// Which endpoints one HTTP listener serves.
@@ -347,7 +349,14 @@ async fn go_metrics(State(state): State<AdminState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::telemetry::go_names::prometheus_text(&state.metrics),
+        match &state.go_mapping {
+            None => crate::telemetry::go_names::prometheus_text(&state.metrics),
+            Some(mapping) => crate::telemetry::statsd_mapping::exposition(
+                mapping,
+                &crate::telemetry::go_names::statsd_counters(&state.metrics),
+                &crate::telemetry::go_names::statsd_timers(&state.metrics),
+            ),
+        },
     )
         .into_response()
 }

@@ -439,16 +439,12 @@ pub fn from_go_env(
     } else {
         s.statsd_addr = None;
     }
-    r.refuse_if(
-        r.get("PROMETHEUS_MAPPER_YAML").is_some(),
-        "PROMETHEUS_MAPPER_YAML: a custom statsd-exporter mapping is not supported; Portcullis \
-         serves the default mapping's names"
-            .into(),
-    );
     if stats && r.bool("USE_PROMETHEUS", false) {
         let addr = r.string("PROMETHEUS_ADDR", ":9090");
         s.go_metrics_addr = Some(r.resolve(&addr, "PROMETHEUS_ADDR"));
         s.go_metrics_path = r.string("PROMETHEUS_PATH", "/metrics");
+        // Envoy Gateway mounts its statsd_exporter mapping and names it here.
+        s.go_metrics_mapping = r.get("PROMETHEUS_MAPPER_YAML").map(PathBuf::from);
     }
 
     // Tracing: OTLP with the standard OTEL_EXPORTER_OTLP_* variables, as the Go service's SDK.

@@ -534,6 +534,10 @@ pub struct Settings {
     /// sink's mapping) on this address, for dashboards and alerts built on them.
     #[arg(long, env = "PORTCULLIS_GO_METRICS_ADDR")]
     pub go_metrics_addr: Option<SocketAddr>,
+    /// A statsd_exporter mapping file (as envoyproxy/ratelimit's PROMETHEUS_MAPPER_YAML) that
+    /// shapes --go-metrics-addr's series instead of the default mapping; read at start.
+    #[arg(long, env = "PORTCULLIS_GO_METRICS_MAPPING")]
+    pub go_metrics_mapping: Option<PathBuf>,
     /// The path of --go-metrics-addr's metrics.
     #[arg(long, env = "PORTCULLIS_GO_METRICS_PATH", default_value = "/metrics")]
     pub go_metrics_path: String,
@@ -894,6 +898,7 @@ impl Settings {
             traces_sampling_ratio: None,
             statsd_addr: None,
             statsd_flush_interval: Duration::from_secs(10),
+            go_metrics_mapping: None,
             statsd_tags: Vec::new(),
             statsd_dogstatsd: false,
             go_metrics_addr: None,

@@ -185,6 +185,33 @@ pub fn statsd_counters(metrics: &Metrics) -> BTreeMap<String, u64> {
     out
 }
 
+/// Go's one timer, `ratelimit_server.ShouldRateLimit.response_time`, from our call duration
+/// histogram (in seconds, with our buckets), for a custom statsd_exporter mapping.
+pub fn statsd_timers(metrics: &Metrics) -> BTreeMap<String, super::statsd_mapping::Observed> {
+    let mut observed = super::statsd_mapping::Observed::default();
+    let mut seen = false;
+    for s in samples(&metrics.encode()) {
+        match s.name.as_str() {
+            "portcullis_grpc_call_duration_seconds_bucket" => {
+                let le = s.label("le").unwrap_or("+Inf").to_owned();
+                observed.buckets.push((le, s.value));
+                seen = true;
+            }
+            "portcullis_grpc_call_duration_seconds_sum" => observed.sum += s.value,
+            "portcullis_grpc_call_duration_seconds_count" => observed.count += s.value,
+            _ => {}
+        }
+    }
+    let mut out = BTreeMap::new();
+    if seen {
+        out.insert(
+            "ratelimit_server.ShouldRateLimit.response_time".to_owned(),
+            observed,
+        );
+    }
+    out
+}
+
 /// A statsd name mapped as the Go service's default statsd_exporter mapping maps it: the rule
 /// stats to one metric per stat with `domain`, `key1` and (for deeper keys) `key2` labels.
 fn map_rule_stat(stat_key: &str, stat: &str) -> (String, Vec<(&'static str, String)>) {

@@ -12,6 +12,7 @@
 //! unless a rule asks for it (`detailed_metric`).
 
 pub mod go_names;
+pub mod statsd_mapping;
 
 use std::sync::Arc;
 
