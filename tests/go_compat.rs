@@ -399,13 +399,13 @@ fn a_go_variable_that_cannot_be_honoured_stops_the_start_naming_it() {
     let root = config_tree();
     let mut envs = go_env(root.path());
     envs.push(("BACKEND_TYPE", "memcache".into()));
-    envs.push(("REDIS_PERSECOND", "true".into()));
+    envs.push(("SHADOW_MODE", "maybe".into()));
     let (_link, mut cmd) = ServeProcess::ratelimit_command(&envs);
     let out = cmd.output().expect("run ratelimit");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("BACKEND_TYPE") && err.contains("REDIS_PERSECOND"),
+        err.contains("BACKEND_TYPE") && err.contains("memcache") && err.contains("SHADOW_MODE"),
         "{err}"
     );
     // Nothing listens: it stopped before serving.
@@ -572,8 +572,7 @@ fn the_readme_says_what_becomes_of_every_go_variable_and_go_mode_reads_them() {
             "blank cell: {row}"
         );
         // Go mode reads it, unless it only means something alongside a refused setting.
-        let only_with_refused =
-            name.starts_with("REDIS_PERSECOND_") || name.starts_with("MEMCACHE_");
+        let only_with_refused = name.starts_with("MEMCACHE_");
         assert!(
             only_with_refused || mapping.contains(&format!("\"{name}\"")),
             "{name} is not read by src/settings/go.rs"

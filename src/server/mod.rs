@@ -34,6 +34,7 @@ use crate::service::response::HeaderNames;
 use crate::service::{Decider, RlsService, ServiceConfig, admin};
 use crate::settings::{Settings, StoreKind};
 use crate::store::redis::{RedisConfig, SentinelAuth, Topology};
+use crate::store::split::SplitStore;
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
 use crate::telemetry::statsd_mapping::StatsdMapping;
@@ -201,6 +202,17 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             let store = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
                 .map_err(|e| StartError::Settings(e.to_string()))?;
             spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
+            let store: Box<dyn Store> = match per_second_settings(settings) {
+                None => Box::new(store),
+                Some(per_second) => {
+                    let config = redis_config(&per_second)?;
+                    tracing::info!(redis = ?config, "per-second limits in their own Redis");
+                    let fast = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
+                        .map_err(|e| StartError::Settings(e.to_string()))?;
+                    spawn_probe(fast.clone(), settings.redis_connect_timeout * 2);
+                    Box::new(SplitStore::new(Box::new(store), Box::new(fast)))
+                }
+            };
             let fallback =
                 (settings.failure_mode == FailureMode::Local).then(|| memory() as Box<dyn Store>);
             let config = LimiterConfig {
@@ -212,7 +224,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
                     max_age: settings.deny_cache_max_age,
                 }),
             };
-            Limiter::with_policy(Box::new(store), config, fallback, metrics.clone())
+            Limiter::with_policy(store, config, fallback, metrics.clone())
         }
     };
     let limiter = Arc::new(limiter);
@@ -642,6 +654,21 @@ fn tls_files(settings: &Settings) -> Result<Option<tls::TlsFiles>, StartError> {
 }
 
 /// The Redis connection settings, exactly one topology.
+/// The settings of the per-second Redis, when there is one: Go mode's REDIS_PERSECOND_*, or
+/// --redis-per-second-url with the other Redis settings shared.
+fn per_second_settings(settings: &Settings) -> Option<Settings> {
+    if let Some(per_second) = &settings.redis_per_second {
+        return Some(Settings::clone(per_second));
+    }
+    let url = settings.redis_per_second_url.clone()?;
+    let mut per_second = settings.clone();
+    per_second.redis_url = Some(url);
+    per_second.redis_cluster = Vec::new();
+    per_second.redis_sentinel = Vec::new();
+    per_second.redis_per_second = None;
+    Some(per_second)
+}
+
 fn redis_config(settings: &Settings) -> Result<RedisConfig, StartError> {
     let topology = match (
         &settings.redis_url,

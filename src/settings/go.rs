@@ -53,6 +53,26 @@ const IGNORED: &[(&str, &str)] = &[
         "calls never wait for a pooled connection",
     ),
     (
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        "calls are pipelined on multiplexed connections",
+    ),
+    (
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        "calls are pipelined on multiplexed connections",
+    ),
+    (
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        "each check goes to its node at once",
+    ),
+    (
+        "REDIS_PERSECOND_TIMEOUT",
+        "one decision deadline covers both Redis (REDIS_TIMEOUT)",
+    ),
+    (
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        "calls never wait for a pooled connection",
+    ),
+    (
         "REDIS_STARTUP_INITIAL_INTERVAL",
         "Portcullis starts without Redis and connects in the background",
     ),
@@ -340,66 +360,16 @@ pub fn from_go_env(
              memcache is not supported"
         ),
     );
-    let per_second = r.bool("REDIS_PERSECOND", false);
-    r.refuse_if(
-        per_second,
-        "REDIS_PERSECOND=true: a second Redis for per-second limits is not supported; every \
-         limit shares one Redis (REDIS_URL)"
-            .into(),
-    );
     s.store = StoreKind::Redis;
-    let tls = r.bool("REDIS_TLS", false);
-    let socket = r.string("REDIS_SOCKET_TYPE", "unix").to_lowercase();
-    let kind = r.string("REDIS_TYPE", "SINGLE").to_uppercase();
-    let url = r.string("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
-    s.redis_url = None;
-    s.redis_cluster = Vec::new();
-    s.redis_sentinel = Vec::new();
-    match kind.as_str() {
-        "SINGLE" if url.contains("://") => s.redis_url = Some(url),
-        "SINGLE" if socket == "unix" => s.redis_url = Some(format!("redis+unix://{url}")),
-        "SINGLE" => {
-            let scheme = if tls { "rediss" } else { "redis" };
-            s.redis_url = Some(format!("{scheme}://{url}"));
-        }
-        "CLUSTER" => {
-            s.redis_cluster = url.split(',').map(|n| n.trim().to_owned()).collect();
-        }
-        "SENTINEL" => {
-            let mut parts = url.split(',').map(str::trim);
-            s.redis_master = parts.next().map(str::to_owned);
-            s.redis_sentinel = parts.map(str::to_owned).collect();
-            r.refuse_if(
-                s.redis_sentinel.is_empty(),
-                "REDIS_URL: SENTINEL needs <master name>,<sentinel1>,...,<sentinelN>".into(),
-            );
-        }
-        other => r.problems.push(format!(
-            "REDIS_TYPE={other:?} is not one of SINGLE, SENTINEL, CLUSTER"
-        )),
+    redis_section(&mut r, &MAIN_REDIS, &mut s);
+    // Per-second limits in a Redis of their own, read from the REDIS_PERSECOND_* variables (the
+    // TLS files are shared, as in the Go service).
+    if r.bool("REDIS_PERSECOND", false) {
+        let mut per_second = s.clone();
+        per_second.redis_per_second = None;
+        redis_section(&mut r, &PER_SECOND_REDIS, &mut per_second);
+        s.redis_per_second = Some(Box::new(per_second));
     }
-    if let Some(auth) = r.get("REDIS_AUTH") {
-        let (user, password) = split_auth(&auth);
-        s.redis_user = user;
-        s.redis_password = Some(Secret(password));
-    }
-    if let Some(auth) = r.get("REDIS_SENTINEL_AUTH") {
-        let (user, password) = split_auth(&auth);
-        s.redis_sentinel_user = user;
-        s.redis_sentinel_password = Some(Secret(password));
-    }
-    s.redis_tls = tls;
-    if tls {
-        s.redis_ca_file = r.get("REDIS_TLS_CACERT").map(PathBuf::from);
-        s.redis_tls_cert = r.get("REDIS_TLS_CLIENT_CERT").map(PathBuf::from);
-        s.redis_tls_key = r.get("REDIS_TLS_CLIENT_KEY").map(PathBuf::from);
-        s.redis_tls_skip_hostname_verification =
-            r.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false);
-        // The Go service talks TLS to the sentinels too, with the same CA.
-        s.redis_sentinel_tls = !s.redis_sentinel.is_empty();
-        s.redis_sentinel_ca_file = s.redis_ca_file.clone().filter(|_| s.redis_sentinel_tls);
-    }
-    s.redis_pool_size = r.number("REDIS_POOL_SIZE", 10);
     s.redis_connect_timeout = r.duration("REDIS_TIMEOUT", Duration::from_secs(10));
     // Go bounds every Redis command by REDIS_TIMEOUT: set, it is each decision's deadline too
     // (unset, the decision keeps Portcullis' short deadline, under Envoy's 20 ms timeout).
@@ -485,6 +455,98 @@ pub fn from_go_env(
     } else {
         Err(SettingsError(r.problems))
     }
+}
+
+/// The variables one Redis is read from: the main one's, and the per-second one's.
+struct RedisVars {
+    tls: &'static str,
+    socket: &'static str,
+    kind: &'static str,
+    url: &'static str,
+    auth: &'static str,
+    sentinel_auth: &'static str,
+    pool_size: &'static str,
+}
+
+const MAIN_REDIS: RedisVars = RedisVars {
+    tls: "REDIS_TLS",
+    socket: "REDIS_SOCKET_TYPE",
+    kind: "REDIS_TYPE",
+    url: "REDIS_URL",
+    auth: "REDIS_AUTH",
+    sentinel_auth: "REDIS_SENTINEL_AUTH",
+    pool_size: "REDIS_POOL_SIZE",
+};
+
+const PER_SECOND_REDIS: RedisVars = RedisVars {
+    tls: "REDIS_PERSECOND_TLS",
+    socket: "REDIS_PERSECOND_SOCKET_TYPE",
+    kind: "REDIS_PERSECOND_TYPE",
+    url: "REDIS_PERSECOND_URL",
+    auth: "REDIS_PERSECOND_AUTH",
+    sentinel_auth: "REDIS_PERSECOND_SENTINEL_AUTH",
+    pool_size: "REDIS_PERSECOND_POOL_SIZE",
+};
+
+/// One Redis as the Go service reads it (`vars` name the main one's variables or the per-second
+/// one's), into `s`'s Redis settings; the TLS files are shared, as in the Go service.
+fn redis_section(r: &mut Reader<'_>, vars: &RedisVars, s: &mut Settings) {
+    let tls = r.bool(vars.tls, false);
+    let socket = r.string(vars.socket, "unix").to_lowercase();
+    let kind = r.string(vars.kind, "SINGLE").to_uppercase();
+    let url = r.string(vars.url, "/var/run/nutcracker/ratelimit.sock");
+    s.redis_url = None;
+    s.redis_cluster = Vec::new();
+    s.redis_sentinel = Vec::new();
+    match kind.as_str() {
+        "SINGLE" if url.contains("://") => s.redis_url = Some(url),
+        "SINGLE" if socket == "unix" => s.redis_url = Some(format!("redis+unix://{url}")),
+        "SINGLE" => {
+            let scheme = if tls { "rediss" } else { "redis" };
+            s.redis_url = Some(format!("{scheme}://{url}"));
+        }
+        "CLUSTER" => {
+            s.redis_cluster = url.split(',').map(|n| n.trim().to_owned()).collect();
+        }
+        "SENTINEL" => {
+            let mut parts = url.split(',').map(str::trim);
+            s.redis_master = parts.next().map(str::to_owned);
+            s.redis_sentinel = parts.map(str::to_owned).collect();
+            r.refuse_if(
+                s.redis_sentinel.is_empty(),
+                format!(
+                    "{}: SENTINEL needs <master name>,<sentinel1>,...,<sentinelN>",
+                    vars.url
+                ),
+            );
+        }
+        other => r.problems.push(format!(
+            "{}={other:?} is not one of SINGLE, SENTINEL, CLUSTER",
+            vars.kind
+        )),
+    }
+    if let Some(auth) = r.get(vars.auth) {
+        let (user, password) = split_auth(&auth);
+        s.redis_user = user;
+        s.redis_password = Some(Secret(password));
+    }
+    if let Some(auth) = r.get(vars.sentinel_auth) {
+        let (user, password) = split_auth(&auth);
+        s.redis_sentinel_user = user;
+        s.redis_sentinel_password = Some(Secret(password));
+    }
+    s.redis_tls = tls;
+    if tls {
+        s.redis_ca_file = r.get("REDIS_TLS_CACERT").map(PathBuf::from);
+        s.redis_tls_cert = r.get("REDIS_TLS_CLIENT_CERT").map(PathBuf::from);
+        s.redis_tls_key = r.get("REDIS_TLS_CLIENT_KEY").map(PathBuf::from);
+        s.redis_tls_skip_hostname_verification =
+            r.bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false);
+        // The Go service talks TLS to the sentinels too, with the same CA.
+        s.redis_sentinel_tls = !s.redis_sentinel.is_empty();
+        s.redis_sentinel_ca_file = s.redis_ca_file.clone().filter(|_| s.redis_sentinel_tls);
+    }
+    s.redis_pool_size = r.number(vars.pool_size, 10);
 }
 
 #[cfg(test)]
@@ -667,15 +729,37 @@ mod tests {
     fn what_cannot_be_honoured_stops_the_start_naming_the_variable() {
         let Err(e) = from_go_env(
             base(),
-            &env(&[("BACKEND_TYPE", "memcache"), ("REDIS_PERSECOND", "true")]),
+            &env(&[
+                ("BACKEND_TYPE", "memcache"),
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_TYPE", "RING"),
+            ]),
         ) else {
             panic!("refused");
         };
         let text = e.to_string();
         assert!(
-            text.contains("BACKEND_TYPE") && text.contains("REDIS_PERSECOND"),
+            text.contains("BACKEND_TYPE") && text.contains("REDIS_PERSECOND_TYPE"),
             "{text}"
         );
+        // The per-second Redis is read from its own variables.
+        let s = from_go_env(
+            base(),
+            &env(&[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "main:6379"),
+                ("REDIS_PERSECOND", "true"),
+                ("REDIS_PERSECOND_TYPE", "cluster"),
+                ("REDIS_PERSECOND_URL", "a:7000,b:7001"),
+                ("REDIS_PERSECOND_AUTH", "fast:pw"),
+            ]),
+        )
+        .unwrap();
+        let fast = s.redis_per_second.expect("a per-second Redis");
+        assert_eq!(s.redis_url.as_deref(), Some("redis://main:6379"));
+        assert_eq!(fast.redis_cluster, vec!["a:7000", "b:7001"]);
+        assert_eq!(fast.redis_user.as_deref(), Some("fast"));
+        assert!(fast.redis_url.is_none());
         let Err(e) = from_go_env(base(), &env(&[("SHADOW_MODE", "maybe")])) else {
             panic!("refused");
         };

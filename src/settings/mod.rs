@@ -316,6 +316,15 @@ pub struct Settings {
     /// Redis server URL (`redis://[user:password@]host:port[/db]`, `rediss://` for TLS).
     #[arg(long, env = "PORTCULLIS_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// A second Redis for per-second limits (`redis://...`, standalone; the other Redis settings
+    /// are shared): every limit whose unit is a second is counted there, the rest in the first
+    /// (envoyproxy/ratelimit's REDIS_PERSECOND).
+    #[arg(long, env = "PORTCULLIS_REDIS_PER_SECOND_URL", hide_env_values = true)]
+    pub redis_per_second_url: Option<String>,
+    /// The per-second Redis in full, as Go mode reads it from REDIS_PERSECOND_*; built from
+    /// --redis-per-second-url otherwise.
+    #[arg(skip)]
+    pub redis_per_second: Option<Box<Settings>>,
     /// Redis Cluster seed nodes, `host:port,host:port,...`.
     #[arg(long, env = "PORTCULLIS_REDIS_CLUSTER", value_delimiter = ',')]
     pub redis_cluster: Vec<String>,
@@ -898,6 +907,8 @@ impl Settings {
             traces_sampling_ratio: None,
             statsd_addr: None,
             statsd_flush_interval: Duration::from_secs(10),
+            redis_per_second_url: None,
+            redis_per_second: None,
             go_metrics_mapping: None,
             statsd_tags: Vec::new(),
             statsd_dogstatsd: false,

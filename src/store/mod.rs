@@ -5,6 +5,7 @@
 
 pub mod memory;
 pub mod redis;
+pub mod split;
 
 use std::future::Future;
 use std::pin::Pin;

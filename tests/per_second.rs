@@ -1,0 +1,153 @@
+//! Per-second limits in a Redis of their own (envoyproxy/ratelimit's REDIS_PERSECOND): a Go
+//! deployment that sets it switches images, every per-second counter lands in the second Redis
+//! and every other in the first; all or nothing across the two charges a refused call nothing.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::process::ServeProcess;
+use common::redis::{RedisServer, cli, free_port};
+use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
+use portcullis::clock::ManualClock;
+use portcullis::pb::RateLimitServiceClient;
+use portcullis::pb::rate_limit_response::Code;
+use portcullis::store::split::SplitStore;
+use portcullis::store::{MemoryStore, Store};
+
+const RULES: &str = r#"
+domain: edge
+descriptors:
+  - key: burst
+    rate_limit: {unit: second, requests_per_unit: 50}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 50}
+"#;
+
+fn keys(port: u16) -> Vec<String> {
+    let mut keys: Vec<String> = cli(port, &["KEYS", "*"])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    keys.sort();
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_mode_counts_per_second_limits_in_the_per_second_redis() {
+    let (main, fast) = (RedisServer::start(), RedisServer::start());
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("current/ratelimit/config");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("edge.yaml"), RULES).unwrap();
+    let envs: Vec<(&str, String)> = vec![
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", free_port().to_string()),
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("GRPC_PORT", free_port().to_string()),
+        ("DEBUG_HOST", "127.0.0.1".into()),
+        ("DEBUG_PORT", free_port().to_string()),
+        (
+            "RUNTIME_ROOT",
+            root.path().join("current").display().to_string(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("USE_STATSD", "false".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", main.port)),
+        ("REDIS_PERSECOND", "true".into()),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_PERSECOND_URL", format!("127.0.0.1:{}", fast.port)),
+        ("REDIS_PERSECOND_POOL_SIZE", "2".into()),
+    ];
+    let server = ServeProcess::spawn_as_ratelimit(&envs);
+    let mut client = RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect");
+    let call = common::request("edge", &[&[("burst", "b")], &[("user", "u")]]);
+    let answer = client
+        .should_rate_limit(call)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()))
+        .into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    let (in_main, in_fast) = (keys(main.port), keys(fast.port));
+    assert!(
+        in_fast.len() == 1 && in_fast[0].contains("burst"),
+        "per-second Redis holds {in_fast:?}"
+    );
+    assert!(
+        !in_main.is_empty() && in_main.iter().all(|k| k.contains("user")),
+        "main Redis holds {in_main:?}"
+    );
+    let (status, body) = common::http(server.admin_port, "GET", "/readyz", "").await;
+    assert_eq!(status, 200, "{body}");
+}
+
+fn check(name: &str, window_us: u64, requests: u64) -> Check {
+    let limit = Limit {
+        algorithm: Algorithm::SlidingWindow,
+        requests,
+        window_us,
+        burst: requests,
+    };
+    Check {
+        key: key::counter_key("edge", [("k", name)], &limit, None),
+        limit,
+        hits: 1,
+        refund: false,
+        post_paid: false,
+    }
+}
+
+#[tokio::test]
+async fn all_or_nothing_across_the_two_stores_charges_a_refused_call_nothing() {
+    let clock = Arc::new(ManualClock::new(1_763_000_000_000_000));
+    let (main, fast) = (
+        MemoryStore::new(clock.clone()),
+        MemoryStore::new(clock.clone()),
+    );
+    let store = SplitStore::new(Box::new(main.clone()), Box::new(fast.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    let burst = check("burst", 1_000_000, 10);
+    let hourly = check("user", 3_600_000_000, 1);
+    let call = [burst.clone(), hourly.clone()];
+    let remaining = |store: &Arc<MemoryStore>, check: &Check| {
+        let looked = store.check_all_at(
+            std::slice::from_ref(check),
+            1_763_000_000_000_000,
+            ChargeMode::Probe,
+        );
+        looked[0].as_ref().unwrap().remaining
+    };
+
+    let first = store.check(&call, deadline, ChargeMode::AllOrNothing).await;
+    assert!(first.iter().all(|a| a.as_ref().unwrap().allowed));
+    assert_eq!(
+        (remaining(&fast, &burst), remaining(&main, &hourly)),
+        (9, 0)
+    );
+    // The hourly limit refuses: the per-second charge is given back.
+    let second = store.check(&call, deadline, ChargeMode::AllOrNothing).await;
+    assert!(!second[1].as_ref().unwrap().allowed);
+    assert_eq!(
+        remaining(&fast, &burst),
+        9,
+        "the refused call charged nothing"
+    );
+    // Each alone: the per-second check is charged whatever the hourly one says.
+    store.check(&call, deadline, ChargeMode::EachAlone).await;
+    assert_eq!(remaining(&fast, &burst), 8);
+    // Answers come back in the call's order whichever store decided them.
+    let answers = store
+        .check(
+            &[hourly.clone(), burst.clone()],
+            deadline,
+            ChargeMode::Probe,
+        )
+        .await;
+    assert_eq!(answers[0].as_ref().unwrap().limit, 1);
+    assert_eq!(answers[1].as_ref().unwrap().limit, 10);
+}
