@@ -14,6 +14,10 @@
 --   a clock reading in microseconds for tests, or 0: Redis TIME (production always sends 0;
 --       replicas' host clocks drift, Redis' clock is the one all of them share; read once per
 --       script call);
+--   the call's deadline on Redis' clock in microseconds, or 0: a call that reaches Redis after
+--       it (its caller has been answered by the failure mode) is not run, its keys answered
+--       '!EXPIRED' (a reading more than a minute past it means the caller's estimate of Redis'
+--       clock is stale: the call runs);
 --   the call's mode: 0 each check charged alone, 1 all or nothing (if any charge would be
 --       refused, no charge is made; refunds apply), 2 probe (nothing is written), 3 the look of
 --       an all-or-nothing call (what 1 would answer, nothing written: Cluster's first step when
@@ -195,13 +199,18 @@ end
 local out, counts, modes = {}, {}, {}
 local k = 1
 for call = 1, tonumber(ARGV[1]) do
-  local now, mode, count = clock(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  a = a + 3
+  local now, expires = clock(ARGV[a]), tonumber(ARGV[a + 1])
+  local mode, count = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  a = a + 4
   counts[call], modes[call] = count, mode
   local commit_charges = mode == 0
   local decided = true
+  if expires > 0 and now > expires and now - expires < 60000000 then
+    fail(call, nil, 'EXPIRED portcullis: the call reached Redis after its deadline; not run')
+    decided = false
+  end
   local looks = {}
-  if mode == 1 or mode == 3 then
+  if decided and (mode == 1 or mode == 3) then
     -- Look first, on copies: a charge happens only if every charge of the call would pass.
     commit_charges = true
     local scratch = {}

@@ -1166,6 +1166,7 @@ async fn a_batch_over_slots_with_a_key_its_node_does_not_serve_changes_nothing()
                 script::push_call(
                     &[check],
                     ScriptClock::RedisTime,
+                    0,
                     script::mode_arg(ChargeMode::EachAlone),
                     &mut args,
                 );
@@ -1423,6 +1424,7 @@ async fn one_script_call(
         script::push_call(
             &refs,
             ScriptClock::Fixed(*now),
+            0,
             script::mode_arg(*mode),
             &mut args,
         );

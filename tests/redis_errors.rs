@@ -163,3 +163,58 @@ async fn out_of_memory_fails_the_admissions_that_need_a_write_and_keeps_every_re
     let answers = at_once(&store, &calls[1..2], ChargeMode::EachAlone).await;
     assert_eq!(answers[0][0].as_ref().unwrap().remaining, 4);
 }
+
+/// A call that reaches Redis after its deadline (held in a partition, delivered once it heals)
+/// is not run: its caller was answered by the failure mode, and charging it too would count it
+/// twice (under `local`, once here and once in memory). Calls carry their deadline on Redis'
+/// clock, as this process estimates it from the replies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_reaches_redis_after_its_deadline_is_not_charged() {
+    let redis = RedisServer::start();
+    let proxy = common::proxy::Proxy::start(redis.port).await;
+    let config = plain_config(
+        Topology::Standalone(format!("redis://127.0.0.1:{}", proxy.port)),
+        1,
+    );
+    let store = RedisStore::new(&config, "e3:", Default::default()).unwrap();
+    store
+        .probe(Duration::from_secs(10))
+        .await
+        .expect("Redis usable");
+    // One call answered: the store now knows Redis' clock.
+    let warm = check_of("warm", hourly(5));
+    assert!(at_once(&store, &[vec![warm]], ChargeMode::EachAlone).await[0][0].is_ok());
+
+    proxy.partition(true);
+    let late = check_of("late", hourly(5));
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+    let answer = store
+        .check_with_clock(
+            std::slice::from_ref(&late),
+            ScriptClock::RedisTime,
+            deadline,
+            ChargeMode::EachAlone,
+        )
+        .await;
+    assert!(
+        answer[0].is_err(),
+        "the partition held the call past its deadline"
+    );
+    cli(redis.port, &["CONFIG", "RESETSTAT"]);
+    proxy.partition(false);
+    // The held script call reaches Redis and runs (it is counted), without charging.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while script_calls(redis.port) == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the held call never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let key = format!("e3:{}", late.key);
+    assert_eq!(
+        cli(redis.port, &["EXISTS", &key]),
+        "0",
+        "charged after its deadline"
+    );
+}

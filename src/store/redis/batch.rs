@@ -8,7 +8,9 @@
 //! `MAX_KEYS` keys each). The script applies the calls in arrival order, each decided on its own
 //! with its own mode, under one Redis `TIME`: a batch decides exactly what the same calls sent one
 //! by one would. It must never send a call whose caller has given up (its deadline passed while
-//! it waited): that would charge a budget for a call already answered by the failure mode.
+//! it waited): that would charge a budget for a call already answered by the failure mode. A
+//! call already sent carries its deadline on Redis' clock, and the script does not run it past
+//! that (`RedisClock`), so a script call held up on the way charges no call answered meanwhile.
 
 use std::sync::Arc;
 

@@ -43,6 +43,57 @@ pub struct RedisStore {
     /// Cluster: per-slot batching (`cluster_batch`).
     slot_batcher: Option<cluster_batch::SlotBatcher>,
     prefix: String,
+    clock: Arc<RedisClock>,
+}
+
+/// This process's estimate of Redis' clock (`TIME`, which every reply carries), so that a call
+/// can carry its deadline on Redis' clock: the script does not run a call that reaches it after
+/// its caller was answered by the failure mode (a batch that waited, a connection that stalled),
+/// which would charge a budget twice under `local`.
+///
+/// The estimate is Redis' reading minus this process's monotonic clock when the reply arrives:
+/// never later than the truth (the reply took time to arrive), so a deadline carried is never
+/// later than the caller's. Used only while fresh; a Redis clock that steps (a failover) is
+/// caught up by the next reply.
+#[derive(Default)]
+pub struct RedisClock {
+    offset_us: std::sync::atomic::AtomicI64,
+    /// When it was last read, on the monotonic clock (µs since `EPOCH`); 0: never.
+    read_at_us: std::sync::atomic::AtomicU64,
+}
+
+/// The origin of the monotonic microseconds the estimate is kept in.
+static EPOCH: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+
+/// How long a reading of Redis' clock is used for.
+const CLOCK_FRESH_US: u64 = 10_000_000;
+
+fn monotonic_us(at: std::time::Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(*EPOCH).as_micros()).unwrap_or(u64::MAX)
+}
+
+impl RedisClock {
+    /// Notes Redis' clock as a reply just read it (`redis_now_us`).
+    fn observe(&self, redis_now_us: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = monotonic_us(std::time::Instant::now()).max(1);
+        let offset = i64::try_from(redis_now_us).unwrap_or(i64::MAX) - now as i64;
+        self.offset_us.store(offset, Relaxed);
+        self.read_at_us.store(now, Relaxed);
+    }
+
+    /// `deadline` on Redis' clock (µs), or 0 when no fresh reading is at hand.
+    fn on_redis(&self, deadline: Instant) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let read_at = self.read_at_us.load(Relaxed);
+        let now = monotonic_us(std::time::Instant::now());
+        if read_at == 0 || now.saturating_sub(read_at) > CLOCK_FRESH_US {
+            return 0;
+        }
+        let at = monotonic_us(deadline.into_std()) as i64 + self.offset_us.load(Relaxed);
+        u64::try_from(at).unwrap_or(0)
+    }
 }
 
 /// What a Redis error means for the operator.
@@ -197,6 +248,7 @@ impl RedisStore {
             batcher,
             slot_batcher,
             prefix: key_prefix.to_owned(),
+            clock: Arc::new(RedisClock::default()),
         })
     }
 
@@ -241,6 +293,13 @@ impl RedisStore {
         };
         let counted: Vec<&Check> = checks.iter().filter(|c| sent(c)).collect();
         let mut replies = self.dispatch(&counted, clock, deadline, mode).await;
+        if clock == ScriptClock::RedisTime
+            && let Some(redis_now) = replies
+                .iter()
+                .find_map(|r| r.as_ref().ok().and_then(|n| n.get(1).copied()))
+        {
+            self.clock.observe(redis_now);
+        }
         replies.reverse();
         checks
             .iter()
@@ -346,7 +405,7 @@ impl RedisStore {
         let Some(batcher) = &self.slot_batcher else {
             return Err(StoreError::Protocol("no Cluster dispatcher".into()));
         };
-        let (keys, args) = self.encode(checks, clock, mode);
+        let (keys, args) = self.encode(checks, clock, mode, deadline);
         batcher.call(slot, keys, args, deadline).await
     }
 
@@ -421,7 +480,7 @@ impl RedisStore {
         let Some(batcher) = &self.batcher else {
             return vec![Err(StoreError::Protocol("no dispatcher".into())); checks.len()];
         };
-        let (keys, args) = self.encode(checks, clock, script::mode_arg(mode));
+        let (keys, args) = self.encode(checks, clock, script::mode_arg(mode), deadline);
         match batcher.call(keys, args, deadline).await {
             Ok(values) => values,
             Err(e) => vec![Err(e); checks.len()],
@@ -430,10 +489,20 @@ impl RedisStore {
 
     /// One call's keys and arguments as the script reads a call: clock, mode, key count, then
     /// six numbers per key.
-    fn encode(&self, checks: &[&Check], clock: ScriptClock, mode: i64) -> (Vec<String>, Vec<i64>) {
+    fn encode(
+        &self,
+        checks: &[&Check],
+        clock: ScriptClock,
+        mode: i64,
+        deadline: Instant,
+    ) -> (Vec<String>, Vec<i64>) {
+        let expires = match clock {
+            ScriptClock::RedisTime => self.clock.on_redis(deadline),
+            ScriptClock::Fixed(_) => 0,
+        };
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
         let mut args: Vec<i64> = Vec::with_capacity(3 + checks.len() * script::ARGS_PER_KEY);
-        script::push_call(checks, clock, mode, &mut args);
+        script::push_call(checks, clock, expires, mode, &mut args);
         (keys, args)
     }
 

@@ -70,11 +70,18 @@ impl ScriptClock {
 /// answer (the call's charges tried in order on copies), nothing written.
 pub const LOOK_ALL: i64 = 3;
 
-/// Pushes one call as the script reads it: its clock, its mode (`mode_arg`, or `LOOK_ALL`), its
-/// key count, then six numbers per check. A script call carries the number of calls first, then
-/// its calls one after another.
-pub fn push_call(checks: &[&Check], clock: ScriptClock, mode: i64, args: &mut Vec<i64>) {
+/// Pushes one call as the script reads it: its clock, its deadline on Redis' clock (µs, 0 for
+/// none), its mode (`mode_arg`, or `LOOK_ALL`), its key count, then six numbers per check. A
+/// script call carries the number of calls first, then its calls one after another.
+pub fn push_call(
+    checks: &[&Check],
+    clock: ScriptClock,
+    expires_us: u64,
+    mode: i64,
+    args: &mut Vec<i64>,
+) {
     args.push(i64::try_from(clock.arg()).unwrap_or(i64::MAX));
+    args.push(i64::try_from(expires_us).unwrap_or(0));
     args.push(mode);
     args.push(checks.len() as i64);
     for check in checks {
@@ -231,6 +238,10 @@ pub fn key_error(text: &str) -> StoreError {
         "WRONGTYPE" => StoreError::Permanent(format!(
             "a key under the prefix holds something Portcullis did not write (another program \
              shares the prefix?): {text}"
+        )),
+        "EXPIRED" => StoreError::Unavailable(format!(
+            "the call reached Redis after its deadline (answered by the failure mode), so it \
+             was not run: {text}"
         )),
         "MASTERDOWN" | "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" => {
             StoreError::Unavailable(text.to_owned())
