@@ -211,4 +211,23 @@ async fn all_or_nothing_on_cluster_is_one_step_in_one_slot_and_whole_with_a_desc
             "nothing of the refused call charged"
         );
     }
+
+    // A key of another type fails that key only, on Cluster too.
+    let good = check_of("good", 10, 1);
+    let foreign = check_of("foreign", 10, 1);
+    let foreign_key = format!("{PREFIX}{}", foreign.key);
+    let node = owner[usize::from(slot_of(&foreign_key))];
+    assert_eq!(cli(node, &["SET", &foreign_key, "not a counter"]), "OK");
+    let answers = decide(
+        &store,
+        &[good, foreign],
+        ChargeMode::EachAlone,
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(answers[0].as_ref().unwrap().remaining, 9);
+    assert!(
+        answers[1].as_ref().is_err_and(StoreError::is_permanent),
+        "{answers:?}"
+    );
 }
