@@ -236,10 +236,11 @@ for call = 1, tonumber(ARGV[1]) do
       local op = tonumber(ARGV[a + 6 * i])
       local always = op > 10
       local commit = (mode == 0 or mode == 1) and (always or commit_charges)
-      if looks[i + 1] ~= nil and (mode == 3 or not commit) then
-        -- Refused as a whole: a charge answers what the look found (the second of two checks on
-        -- one key is refused there, not alone).
-        results[i + 1] = looks[i + 1]
+      local looked = looks[i + 1]
+      if looked ~= nil and (mode == 3 or not commit) and string.byte(looked, 1) == 48 then
+        -- Refused as a whole: a charge the look refused answers so (the second of two checks
+        -- on one key is refused there, not alone); the others answer as a probe would.
+        results[i + 1] = looked
       else
         local ok, result = pcall(run, k + i, a + 6 * i, now, commit, call, i + 1)
         if ok then results[i + 1] = result else fail(call, i + 1, result) end

@@ -140,9 +140,10 @@ impl MemoryStore {
                         // Post-paid hits were consumed whatever the call's answer.
                         let commit = all || check.refund || check.post_paid;
                         match looked {
-                            // Refused as a whole: a charge answers what the look found (the
-                            // second of two checks on one key is refused there, not alone).
-                            Some(decision) if !commit => Ok(decision),
+                            // Refused as a whole: a charge the look refused answers so (the
+                            // second of two checks on one key is refused there, not alone); the
+                            // others answer as a probe would.
+                            Some(decision) if !commit && !decision.allowed => Ok(decision),
                             _ => self.run_in(&mut guards[position(check)], check, now_us, commit),
                         }
                     })
