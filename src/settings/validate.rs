@@ -1,0 +1,176 @@
+//! The checks a `Settings` must pass before anything starts: values that would panic, silently
+//! stop a background task, or quietly defeat a guarantee are refused, all at once, each naming
+//! its flag. It must never change a value: it only says what is wrong.
+
+use std::time::Duration;
+
+use super::Settings;
+
+/// Settings that cannot work, every one listed.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid settings:\n  {}", .0.join("\n  "))]
+pub struct SettingsError(pub Vec<String>);
+
+impl Settings {
+    /// Refuses values that would panic, silently stop a background task, or quietly defeat a
+    /// guarantee; all problems at once, each naming its flag.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let mut problems = Vec::new();
+        let mut duration = |flag: &str, value: Duration, min: Duration, max: Duration| {
+            if value < min || value > max {
+                problems.push(format!(
+                    "{flag} {value:?} must be between {min:?} and {max:?}"
+                ));
+            }
+        };
+        duration(
+            "--store-timeout",
+            self.store_timeout,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        );
+        duration(
+            "--deny-cache-max-age",
+            self.deny_cache_max_age,
+            Duration::from_millis(1),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--redis-connect-timeout",
+            self.redis_connect_timeout,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        );
+        duration(
+            "--reload-interval",
+            self.reload_interval,
+            Duration::from_millis(10),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--admin-header-timeout",
+            self.admin_header_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(300),
+        );
+        duration(
+            "--grpc-keepalive-interval",
+            self.grpc_keepalive_interval,
+            Duration::from_millis(10),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--grpc-keepalive-timeout",
+            self.grpc_keepalive_timeout,
+            Duration::from_millis(10),
+            Duration::from_secs(600),
+        );
+        duration(
+            "--drain-period",
+            self.drain_period,
+            Duration::ZERO,
+            Duration::from_secs(600),
+        );
+        duration(
+            "--statsd-flush-interval",
+            self.statsd_flush_interval,
+            Duration::from_millis(10),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--rules-xds-backoff-initial",
+            self.rules_xds_backoff_initial,
+            Duration::from_millis(1),
+            Duration::from_secs(3600),
+        );
+        duration(
+            "--rules-xds-backoff-max",
+            self.rules_xds_backoff_max,
+            self.rules_xds_backoff_initial,
+            Duration::from_secs(3600),
+        );
+        if let Some(age) = self.grpc_max_connection_age {
+            duration(
+                "--grpc-max-connection-age",
+                age,
+                Duration::from_secs(1),
+                Duration::from_secs(365 * 86_400),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.rules_xds_backoff_random_factor) {
+            problems.push(format!(
+                "--rules-xds-backoff-random-factor {} must be a number from 0 to 1",
+                self.rules_xds_backoff_random_factor
+            ));
+        }
+        if let Some(ratio) = self.traces_sampling_ratio
+            && !(0.0..=1.0).contains(&ratio)
+        {
+            problems.push(format!(
+                "--traces-sampling-ratio {ratio} must be a number from 0 to 1"
+            ));
+        }
+        if self.rules_xds_max_message_bytes < 1024 {
+            problems.push(format!(
+                "--rules-xds-max-message-bytes {} must be at least 1024",
+                self.rules_xds_max_message_bytes
+            ));
+        }
+        if let Some(timeout) = self.grpc_request_timeout
+            && (timeout <= self.store_timeout || timeout > Duration::from_secs(600))
+        {
+            problems.push(format!(
+                "--grpc-request-timeout {timeout:?} must be longer than --store-timeout ({:?}, \
+                 so that the failure mode can answer) and at most 600s",
+                self.store_timeout
+            ));
+        }
+        if self.admin_scaling
+            && self.admin_scaling_token_file.is_none()
+            && !self.admin_addr.ip().is_loopback()
+        {
+            problems.push(format!(
+                "--admin-scaling on a listener others can reach ({}) needs \
+                 --admin-scaling-token-file: anyone reaching it could otherwise lift every limit",
+                self.admin_addr
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.near_limit_ratio) {
+            problems.push(format!(
+                "--near-limit-ratio {} must be a number from 0 to 1",
+                self.near_limit_ratio
+            ));
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            problems.push(format!(
+                "--key-prefix {:?} must not contain {{ or }}: Redis Cluster would hash every key \
+                 by the prefix and put all counters in one slot",
+                self.key_prefix
+            ));
+        }
+        for (flag, value) in [
+            ("--max-descriptors", self.max_descriptors),
+            ("--max-entries", self.max_entries),
+            ("--max-string-bytes", self.max_string_bytes),
+            ("--max-message-bytes", self.max_message_bytes),
+            ("--redis-pool-size", self.redis_pool_size as usize),
+            ("--max-in-flight", self.max_in_flight),
+            ("--deny-cache-max-entries", self.deny_cache_max_entries),
+            ("--deny-cache-max-bytes", self.deny_cache_max_bytes),
+            ("--memory-max-counters", self.memory_max_counters),
+            (
+                "--grpc-max-concurrent-streams",
+                self.grpc_max_concurrent_streams as usize,
+            ),
+        ] {
+            if value == 0 {
+                problems.push(format!("{flag} must be at least 1"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(SettingsError(problems))
+        }
+    }
+}

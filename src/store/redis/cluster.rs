@@ -1,0 +1,208 @@
+//! The Cluster side of the Redis store: a call's checks grouped by slot (one batch job per slot),
+//! all or nothing across slots in two steps, and one script call sent and re-sent only where it
+//! cannot have run (MOVED and ASK followed, TRYAGAIN and failovers waited out). It must never
+//! send again a script that may have run.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::{RedisError, Value};
+use tokio::time::Instant;
+
+use super::errors::{did_not_run, is_tryagain};
+use super::script::{self, KeyReply, ScriptClock};
+use super::send::{Route, eval, redirect};
+use super::{RedisStore, cluster_batch};
+use crate::algorithm::{ChargeMode, Check};
+use crate::store::StoreError;
+
+/// Attempts of one check on Cluster (the first and the re-sends where the script did not run).
+const CLUSTER_ATTEMPTS: u32 = 4;
+
+/// The checks of each slot (by their Redis keys' hash tags), as indices in `checks`: slots in
+/// order of first appearance, checks in order within each.
+fn by_slot(prefix: &str, checks: &[&Check]) -> Vec<(u16, Vec<usize>)> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    let mut index: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+    let mut key = String::new();
+    for (i, check) in checks.iter().enumerate() {
+        key.clear();
+        key.push_str(prefix);
+        key.push_str(&check.key);
+        let slot = cluster_batch::slot_of(&key);
+        let at = *index.entry(slot).or_insert_with(|| {
+            groups.push((slot, Vec::new()));
+            groups.len() - 1
+        });
+        groups[at].1.push(i);
+    }
+    groups
+}
+
+/// What one Cluster script call carries, for how its errors are handled (`eval_on_cluster`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spread {
+    /// One call: redirections are followed.
+    Call,
+    /// Several calls, one slot: TRYAGAIN splits the batch.
+    Calls,
+    /// Several slots of one node: any error that says the script did not run splits the batch.
+    Slots,
+}
+
+impl RedisStore {
+    /// Cluster: the checks of each slot as one call in that slot's next script call (one job per
+    /// slot, not per check: a call of many descriptors waits as few jobs), the slots
+    /// concurrently, each within the deadline; `mode` is the script's (`script::mode_arg`, or
+    /// `script::LOOK_ALL`).
+    pub(super) async fn each_slot_on_cluster(
+        &self,
+        checks: &[&Check],
+        clock: ScriptClock,
+        deadline: Instant,
+        mode: i64,
+    ) -> Vec<KeyReply> {
+        let groups = by_slot(&self.prefix, checks);
+        let calls = groups.iter().map(|(slot, members)| {
+            let group: Vec<&Check> = members.iter().map(|&i| checks[i]).collect();
+            async move {
+                match self.eval_slot(*slot, &group, clock, mode, deadline).await {
+                    Ok(values) if values.len() == group.len() => values,
+                    Ok(values) => vec![
+                        Err(StoreError::Protocol(format!(
+                            "script answered {} results for {} keys",
+                            values.len(),
+                            group.len()
+                        )));
+                        group.len()
+                    ],
+                    Err(e) => vec![Err(e); group.len()],
+                }
+            }
+        });
+        let answered = join_all(calls).await;
+        let mut replies: Vec<Option<KeyReply>> = (0..checks.len()).map(|_| None).collect();
+        for ((_, members), values) in groups.iter().zip(answered) {
+            for (&i, value) in members.iter().zip(values) {
+                replies[i] = Some(value);
+            }
+        }
+        replies
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Protocol("a reply is missing".into()))))
+            .collect()
+    }
+
+    /// Checks whose keys share `slot`, as one call in the next script call of that slot's node
+    /// (`cluster_batch`): concurrent calls on a hot key share script calls.
+    pub(super) async fn eval_slot(
+        &self,
+        slot: u16,
+        checks: &[&Check],
+        clock: ScriptClock,
+        mode: i64,
+        deadline: Instant,
+    ) -> Result<Vec<KeyReply>, StoreError> {
+        let Some(batcher) = &self.slot_batcher else {
+            return Err(StoreError::Protocol("no Cluster dispatcher".into()));
+        };
+        let (keys, args) = self.encode(checks, clock, mode, deadline);
+        batcher.call(slot, keys, args, deadline).await
+    }
+
+    /// Cluster, all or nothing: one script call, atomic, when every key is in one slot (one
+    /// descriptor, or the limits of one layered descriptor); else two steps: the call is looked
+    /// at (each slot's checks as the script's all-or-nothing look, nothing written), then, only
+    /// if every charge would pass, charged (each slot's checks all or nothing). What that
+    /// guarantees: a call refused at the first step charges nothing; a call that races another
+    /// between the steps may have one slot's checks charged although another slot's are then
+    /// refused (never more admitted than a limit; at worst a little less).
+    pub(super) async fn all_or_nothing_cluster(
+        &self,
+        checks: &[&Check],
+        clock: ScriptClock,
+        deadline: Instant,
+    ) -> Vec<KeyReply> {
+        let all_or_nothing = script::mode_arg(ChargeMode::AllOrNothing);
+        if by_slot(&self.prefix, checks).len() <= 1 {
+            return self
+                .each_slot_on_cluster(checks, clock, deadline, all_or_nothing)
+                .await;
+        }
+        let looked = self
+            .each_slot_on_cluster(checks, clock, deadline, script::LOOK_ALL)
+            .await;
+        let all_pass = checks.iter().zip(&looked).all(|(check, answer)| {
+            check.refund || answer.as_ref().is_ok_and(|reply| script::allowed(reply))
+        });
+        if all_pass {
+            return self
+                .each_slot_on_cluster(checks, clock, deadline, all_or_nothing)
+                .await;
+        }
+        // Refunds and post-paid charges always apply; the other charges answer what the look
+        // found.
+        let applies = |c: &&Check| c.refund || c.post_paid;
+        let to_run: Vec<&Check> = checks.iter().copied().filter(applies).collect();
+        let each_alone = script::mode_arg(ChargeMode::EachAlone);
+        let mut ran = self
+            .each_slot_on_cluster(&to_run, clock, deadline, each_alone)
+            .await
+            .into_iter();
+        checks
+            .iter()
+            .zip(looked)
+            .map(|(check, looked)| {
+                if applies(check) {
+                    ran.next().unwrap_or_else(|| {
+                        Err(StoreError::Protocol(
+                            "a second step answered too little".into(),
+                        ))
+                    })
+                } else {
+                    looked
+                }
+            })
+            .collect()
+    }
+}
+
+/// One script call on Cluster (`args` starting with the number of calls, as the script reads
+/// them), sent by the first key's slot and sent again only where the script cannot have run
+/// (MOVED and ASK to the node named, TRYAGAIN and a failover after a short wait); one reply per
+/// call.
+///
+/// `spread`: a batch of several calls of one slot answered TRYAGAIN (its keys are half migrated)
+/// comes back at once, for its calls to go one by one (each of one descriptor's keys, which
+/// migrate together more often than a whole batch's); a batch over several slots of one node
+/// comes back at the first error that says the script did not run (a slot moved since the node
+/// map was read): a redirection names one slot's node, not the batch's.
+pub(super) async fn eval_on_cluster(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    keys: &[String],
+    args: &[i64],
+    spread: Spread,
+) -> Result<Value, RedisError> {
+    let mut route = Route::BySlot;
+    let mut attempt = 1;
+    let cross_slot = spread == Spread::Slots;
+    loop {
+        match eval(conn, keys, args, &route, cross_slot).await {
+            Err(e) if cross_slot && did_not_run(&e) => return Err(e),
+            Err(e) if spread == Spread::Calls && is_tryagain(&e) => return Err(e),
+            Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
+                tracing::debug!(error = %e, attempt, "script did not run: sending it again");
+                route = match redirect(&e) {
+                    Some(to) => to,
+                    None => {
+                        // TRYAGAIN, a failover in progress, a node not yet connected.
+                        tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+                        Route::BySlot
+                    }
+                };
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! What a Redis error means: for the operator (`classify`: wait, fix the configuration, or
+//! report a bug) and for sending a script again (`did_not_run`: only where it cannot have run,
+//! else a charge would count twice). It must never call an error "did not run" on a guess.
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::store::StoreError;
+
+/// What a Redis error means for the operator.
+pub fn classify(error: &RedisError) -> StoreError {
+    let text = error.to_string();
+    let code = error.code().unwrap_or("");
+    match error.kind() {
+        ErrorKind::AuthenticationFailed => {
+            StoreError::Permanent(format!("authentication failed: {text}"))
+        }
+        ErrorKind::Server(ServerErrorKind::NoPerm) => StoreError::Permanent(format!(
+            "the Redis user lacks a permission Portcullis needs (EVALSHA, EVAL, TIME, the keys \
+             under the prefix): {text}"
+        )),
+        ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::Permanent(format!(
+            "keys of one script call are in different slots: {text}"
+        )),
+        ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported => {
+            StoreError::Permanent(format!("the Redis settings cannot work: {text}"))
+        }
+        ErrorKind::Server(
+            ServerErrorKind::ReadOnly
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        ) => StoreError::Unavailable(text),
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Protocol(text),
+        _ if matches!(code, "WRONGPASS" | "NOAUTH") => {
+            StoreError::Permanent(format!("authentication failed: {text}"))
+        }
+        _ if code == "NOPERM" => StoreError::Permanent(format!("permission denied: {text}")),
+        _ if code == "OOM" => StoreError::Unavailable(format!(
+            "Redis is out of memory (maxmemory reached, no key can be evicted): {text}"
+        )),
+        _ if text.contains("unknown command") => StoreError::Permanent(format!(
+            "this Redis does not know a command Portcullis needs (too old, or the command is \
+             renamed): {text}"
+        )),
+        _ if is_certificate_error(&text) => StoreError::Permanent(format!(
+            "TLS certificate not accepted (check --redis-ca-file and the server's name): {text}"
+        )),
+        ErrorKind::Server(_) => StoreError::Protocol(text),
+        _ => StoreError::Unavailable(text),
+    }
+}
+
+fn is_certificate_error(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    lower.contains("certificate") || lower.contains("unknownissuer")
+}
+
+/// Whether a failed attempt certainly did not run the script (so sending it again is safe).
+pub(super) fn did_not_run(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                // On a demoted master the script stops at its first write: nothing written.
+                | ServerErrorKind::ReadOnly
+        ) | ErrorKind::ClusterConnectionNotFound
+    ) || error.is_connection_refusal()
+}
+
+pub(super) fn is_tryagain(error: &RedisError) -> bool {
+    matches!(error.kind(), ErrorKind::Server(ServerErrorKind::TryAgain))
+}
+
+pub(super) fn is_noscript(error: &RedisError) -> bool {
+    matches!(error.kind(), ErrorKind::Server(ServerErrorKind::NoScript))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: &str, detail: &str) -> RedisError {
+        let kind = match code {
+            "MOVED" => ServerErrorKind::Moved,
+            "ASK" => ServerErrorKind::Ask,
+            "TRYAGAIN" => ServerErrorKind::TryAgain,
+            "NOPERM" => ServerErrorKind::NoPerm,
+            "CROSSSLOT" => ServerErrorKind::CrossSlot,
+            _ => ServerErrorKind::ResponseError,
+        };
+        RedisError::from((ErrorKind::Server(kind), "server", detail.to_owned()))
+    }
+
+    #[test]
+    fn a_script_is_sent_again_only_where_it_cannot_have_run() {
+        assert!(did_not_run(&server_error("MOVED", "3999 127.0.0.1:7001")));
+        assert!(did_not_run(&server_error("ASK", "3999 127.0.0.1:7001")));
+        assert!(did_not_run(&server_error(
+            "TRYAGAIN",
+            "multi-key during resharding"
+        )));
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(did_not_run(&refused));
+        // Sent, then the connection failed: the script may have run; never sent twice.
+        let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(!did_not_run(&reset));
+        let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(!did_not_run(&timed_out));
+    }
+
+    #[test]
+    fn errors_that_waiting_cannot_heal_are_permanent() {
+        assert!(classify(&server_error("NOPERM", "no permission")).is_permanent());
+        assert!(classify(&server_error("CROSSSLOT", "keys in different slots")).is_permanent());
+        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "auth", "WRONGPASS".into()));
+        assert!(classify(&auth).is_permanent());
+        let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(classify(&reset).kind(), "unavailable");
+    }
+}

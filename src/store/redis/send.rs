@@ -1,0 +1,113 @@
+//! Sending the decision script: EVALSHA, and EVAL where a node does not have it cached, by slot or
+//! to the node a Cluster redirection named. It must never send a script twice itself: whether a
+//! failed send may be sent again is the caller's call (`errors::did_not_run`).
+
+use redis::Value;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use super::errors::is_noscript;
+use super::script;
+
+/// Where to send a script on Cluster: by its key's slot, or to the node a redirection named.
+#[derive(Debug, Clone)]
+pub(super) enum Route {
+    BySlot,
+    Moved(String, u16),
+    Ask(String, u16),
+}
+
+pub(super) fn redirect(error: &RedisError) -> Option<Route> {
+    let (node, _slot) = error.redirect_node()?;
+    let (host, port) = node.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::Moved) => Some(Route::Moved(host.to_owned(), port)),
+        ErrorKind::Server(ServerErrorKind::Ask) => Some(Route::Ask(host.to_owned(), port)),
+        _ => None,
+    }
+}
+
+/// EVALSHA, and EVAL on NOSCRIPT (a restarted or promoted node has an empty script cache; EVAL
+/// loads it there), sent by slot or to the node a redirection named (with ASKING for ASK). Not
+/// redis-rs' `Script::invoke_async`, which on NOSCRIPT in Cluster mode loads the script on every
+/// node and fails when any node is down.
+///
+/// `cross_slot`: the keys live in several slots of one Cluster node. Redis refuses declared keys
+/// of several slots, so only the first is declared (it routes the call) and all of them are
+/// carried in the arguments, where the script checks each is this node's before it starts.
+pub(super) async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
+    conn: &mut C,
+    keys: &[String],
+    args: &[i64],
+    route: &Route,
+    cross_slot: bool,
+) -> Result<Value, RedisError> {
+    let build = |verb: &str, body: &str| {
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(body);
+        match (cross_slot, keys.first(), args) {
+            (true, Some(first), [calls, _, rest @ ..]) => {
+                cmd.arg(1)
+                    .arg(first)
+                    .arg(calls)
+                    .arg(keys.len())
+                    .arg(keys)
+                    .arg(rest);
+            }
+            _ => {
+                cmd.arg(keys.len()).arg(keys).arg(args);
+            }
+        }
+        cmd
+    };
+    match conn
+        .send_routed(build("EVALSHA", script::SHA.as_str()), route)
+        .await
+    {
+        Err(e) if is_noscript(&e) => {
+            tracing::debug!("script not cached on the node: sending it with EVAL");
+            conn.send_routed(build("EVAL", script::SOURCE), route).await
+        }
+        other => other,
+    }
+}
+
+/// Sending a command by slot, or to a named node on Cluster.
+pub(super) trait RoutedConn {
+    async fn send_routed(&mut self, cmd: redis::Cmd, route: &Route) -> Result<Value, RedisError>;
+}
+
+impl RoutedConn for redis::aio::MultiplexedConnection {
+    async fn send_routed(&mut self, cmd: redis::Cmd, _route: &Route) -> Result<Value, RedisError> {
+        cmd.query_async(self).await
+    }
+}
+
+impl RoutedConn for redis::cluster_async::ClusterConnection {
+    async fn send_routed(&mut self, cmd: redis::Cmd, route: &Route) -> Result<Value, RedisError> {
+        let value = match route {
+            Route::BySlot => return cmd.query_async(self).await,
+            Route::Moved(host, port) => {
+                let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                self.route_command(cmd, to).await?
+            }
+            Route::Ask(host, port) => {
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING").add_command(cmd);
+                let to = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                let mut replies = self.route_pipeline(pipe, 1, 1, to).await?;
+                // A pipeline hands a command's error back as a value: NOSCRIPT on the importing
+                // node must come back as an error, to be answered by EVAL like anywhere else.
+                replies.pop().unwrap_or(Value::Nil).extract_error()?
+            }
+        };
+        Ok(value)
+    }
+}
