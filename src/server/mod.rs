@@ -4,10 +4,14 @@
 //! certificate), and returns a handle that drains and stops all of it. The binary and the
 //! end-to-end tests start the server the same way. Nothing below this floor reads `Settings`.
 
+mod config;
 pub mod listen;
+mod readiness;
 pub mod reload;
+mod rules_source;
 pub mod scaling;
 pub mod statsd;
+mod store;
 pub mod tls;
 pub mod watch;
 pub mod xds;
@@ -18,7 +22,6 @@ use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
@@ -26,18 +29,16 @@ use tonic_health::server::HealthReporter;
 
 use crate::algorithm::ChargeMode;
 use crate::clock::Clock;
-use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::pb::RateLimitServiceServer;
-use crate::rules::{self, RulesError};
+use crate::rules::RulesError;
 use crate::service::admin::Routes;
 use crate::service::response::HeaderNames;
 use crate::service::{Decider, RlsService, ServiceConfig, admin};
-use crate::settings::{Settings, StoreKind};
-use crate::store::redis::{RedisConfig, SentinelAuth, Topology};
-use crate::store::split::SplitStore;
-use crate::store::{MemoryStore, RedisStore, Store};
+use crate::settings::Settings;
 use crate::telemetry::Metrics;
 use crate::telemetry::statsd_mapping::StatsdMapping;
+
+use self::config::tls_files;
 
 /// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
 /// written for it ask for this name.
@@ -47,9 +48,6 @@ pub const GO_HEALTH_SERVICE: &str = "ratelimit";
 /// which must never depend on Redis or on a drain in progress. The other names (`""`,
 /// `ratelimit`, the RLS service) follow readiness, as `/readyz` does.
 pub const LIVENESS_HEALTH_SERVICE: &str = "portcullis.liveness";
-
-/// How often readiness is worked out again for gRPC health.
-const READINESS_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -123,111 +121,10 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     ));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
-    let (snapshot, xds) = match &settings.rules_xds_server {
-        None => {
-            let snapshot =
-                rules::load_dir(&settings.config, settings.load_options()).map_err(|source| {
-                    StartError::Rules {
-                        dir: settings.config.display().to_string(),
-                        source,
-                    }
-                })?;
-            tracing::info!(
-                files = snapshot.files.len(),
-                domains = ?snapshot.domain_names(),
-                "rules loaded"
-            );
-            metrics.rules_loaded(snapshot.loaded_at);
-            // The first load is a load, as the Go service's config_load_success counts it.
-            metrics
-                .rules_reloads
-                .get_or_create(&crate::telemetry::ResultLabels {
-                    result: "success".into(),
-                })
-                .inc();
-            (snapshot, None)
-        }
-        Some(server) => (
-            rules::Snapshot::empty(),
-            Some(xds_config(settings, server)?),
-        ),
-    };
-    let loaded_fingerprint = snapshot.fingerprint;
-    let rules = Arc::new(ArcSwap::from_pointee(snapshot));
-    let from_xds = xds.is_some();
-    if let Some(config) = xds {
-        let (task, applied) = xds::spawn(
-            xds::XdsRules {
-                config,
-                rules: rules.clone(),
-                metrics: metrics.clone(),
-                options: settings.load_options(),
-            },
-            stopped.clone(),
-        );
-        tasks.push(task);
-        if !settings.force_start_without_initial_rules {
-            wait_for_first_rules(applied, &settings.rules_xds_server).await?;
-        }
-    }
+    let (rules, loaded_fingerprint, from_xds) =
+        rules_source::start(settings, &metrics, &stopped, &mut tasks).await?;
 
-    let memory = || {
-        let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
-        store.spawn_sweeper(Duration::from_secs(10));
-        let held = Arc::downgrade(&store);
-        metrics.watch_memory_fill(Box::new(move || {
-            held.upgrade().map_or(0.0, |store| store.fill_ratio())
-        }));
-        Box::new(store)
-    };
-    let limiter = match settings.store {
-        // The memory store fails only when full: a new descriptor is then answered by the
-        // failure mode chosen (never a silent allow under `deny`). `local` has nothing more local
-        // to count in, so it refuses, like `deny`.
-        StoreKind::Memory => {
-            let failure_mode = match settings.failure_mode {
-                FailureMode::Local => FailureMode::Deny,
-                mode => mode,
-            };
-            let config = LimiterConfig {
-                deadline: Duration::from_secs(3600),
-                failure_mode,
-                deny_cache: None,
-            };
-            Limiter::with_policy(memory(), config, None, metrics.clone())
-        }
-        StoreKind::Redis => {
-            let config = redis_config(settings)?;
-            tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");
-            let store = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
-                .map_err(|e| StartError::Settings(e.to_string()))?;
-            spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
-            let store: Box<dyn Store> = match per_second_settings(settings) {
-                None => Box::new(store),
-                Some(per_second) => {
-                    let config = redis_config(&per_second)?;
-                    tracing::info!(redis = ?config, "per-second limits in their own Redis");
-                    let fast = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
-                        .map_err(|e| StartError::Settings(e.to_string()))?;
-                    spawn_probe(fast.clone(), settings.redis_connect_timeout * 2);
-                    Box::new(SplitStore::new(Box::new(store), Box::new(fast)))
-                }
-            };
-            let fallback =
-                (settings.failure_mode == FailureMode::Local).then(|| memory() as Box<dyn Store>);
-            let config = LimiterConfig {
-                deadline: settings.store_timeout,
-                failure_mode: settings.failure_mode,
-                deny_cache: settings.deny_cache.then_some(DenyCacheBounds {
-                    max_entries: settings.deny_cache_max_entries,
-                    max_bytes: settings.deny_cache_max_bytes,
-                    max_age: settings.deny_cache_max_age,
-                }),
-            };
-            Limiter::with_policy(store, config, fallback, metrics.clone())
-        }
-    };
-    let limiter = Arc::new(limiter);
+    let limiter = Arc::new(store::limiter(settings, &clock, &metrics)?);
     let config = ServiceConfig {
         response_headers: settings.response_headers,
         header_names: HeaderNames {
@@ -436,7 +333,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         scaling_token_file: settings.admin_scaling_token_file.clone(),
         go_mapping,
     };
-    tasks.push(spawn_readiness(
+    tasks.push(readiness::spawn_readiness(
         admin_state.clone(),
         health.clone(),
         stopped.clone(),
@@ -499,271 +396,6 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         stop,
         tasks,
     })
-}
-
-/// Keeps the gRPC health of the service (`""`, `ratelimit`, the RLS service) equal to readiness:
-/// gRPC readiness probes and Envoy health checks see what `/readyz` says. After a drain starts it
-/// only ever says NOT_SERVING.
-fn spawn_readiness(
-    state: admin::AdminState,
-    health: HealthReporter,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut last = None;
-        let mut ticker = tokio::time::interval(READINESS_INTERVAL);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
-                _ = stop.wait_for(|s| *s) => break,
-            }
-            let (ready, why) = admin::readiness(&state).await;
-            // A drain that began meanwhile has the last word.
-            let ready = ready && !state.draining.load(Ordering::Relaxed);
-            if last == Some(ready) {
-                continue;
-            }
-            if last.is_some() {
-                tracing::info!(ready, "readiness changed:\n{why}");
-            }
-            last = Some(ready);
-            state.metrics.ready.set(i64::from(ready));
-            let status = if ready {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
-            };
-            for name in ["", GO_HEALTH_SERVICE] {
-                health.set_service_status(name, status).await;
-            }
-            if ready {
-                health
-                    .set_serving::<RateLimitServiceServer<RlsService>>()
-                    .await;
-            } else {
-                health
-                    .set_not_serving::<RateLimitServiceServer<RlsService>>()
-                    .await;
-            }
-        }
-    })
-}
-
-/// Holds the start-up until the xDS server has delivered a valid set (as the Go service does
-/// without FORCE_START_WITHOUT_INITIAL_CONFIG), saying so every 30 s.
-async fn wait_for_first_rules(
-    mut applied: tokio::sync::watch::Receiver<bool>,
-    server: &Option<String>,
-) -> Result<(), StartError> {
-    let server = server.as_deref().unwrap_or_default();
-    tracing::info!(
-        %server,
-        "waiting for the first rules from the xDS server before serving \
-         (--force-start-without-initial-rules serves at once)"
-    );
-    let mut waited = Duration::ZERO;
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), applied.wait_for(|a| *a)).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(_)) => {
-                return Err(StartError::Settings(
-                    "the xDS rules client stopped before delivering rules".into(),
-                ));
-            }
-            Err(_) => {
-                waited += Duration::from_secs(30);
-                tracing::warn!(%server, ?waited, "still waiting for the first xDS rules");
-            }
-        }
-    }
-}
-
-/// The xDS client's settings, checked (a bad header, CA file or address stops the start-up).
-fn xds_config(settings: &Settings, server: &str) -> Result<xds::XdsClientConfig, StartError> {
-    let bad = |e: xds::XdsSettingError| StartError::Settings(e.to_string());
-    let tls = if settings.rules_xds_tls {
-        let ca = settings.rules_xds_ca_file.as_ref().ok_or_else(|| {
-            StartError::Settings(
-                "--rules-xds-tls needs --rules-xds-ca-file (CONFIG_GRPC_XDS_SERVER_TLS_CACERT): \
-                 the xDS server's certificate is checked against that CA only"
-                    .into(),
-            )
-        })?;
-        let mut tls = tonic::transport::ClientTlsConfig::new().ca_certificate(
-            tonic::transport::Certificate::from_pem(read_file("--rules-xds-ca-file", ca)?),
-        );
-        match (&settings.rules_xds_cert, &settings.rules_xds_key) {
-            (Some(cert), Some(key)) => {
-                tls = tls.identity(tonic::transport::Identity::from_pem(
-                    read_file("--rules-xds-cert", cert)?,
-                    read_file("--rules-xds-key", key)?,
-                ));
-            }
-            (None, None) => {}
-            _ => {
-                return Err(StartError::Settings(
-                    "--rules-xds-cert and --rules-xds-key go together".into(),
-                ));
-            }
-        }
-        if let Some(san) = &settings.rules_xds_san {
-            tls = tls.domain_name(san.clone());
-        }
-        Some(tls)
-    } else {
-        None
-    };
-    Ok(xds::XdsClientConfig {
-        uri: xds::server_uri(server, settings.rules_xds_tls).map_err(bad)?,
-        node: xds::node(
-            &settings.rules_xds_node_id,
-            settings.rules_xds_node_metadata.as_deref(),
-        )
-        .map_err(bad)?,
-        headers: xds::headers(settings.rules_xds_headers.as_deref()).map_err(bad)?,
-        tls,
-        backoff: xds::Backoff {
-            initial: settings.rules_xds_backoff_initial,
-            max: settings.rules_xds_backoff_max,
-            random_factor: settings.rules_xds_backoff_random_factor,
-            jitter: settings.rules_xds_backoff_jitter,
-        },
-        max_message_bytes: settings.rules_xds_max_message_bytes,
-        connect_timeout: Duration::from_secs(10),
-    })
-}
-
-/// The gRPC TLS files, when TLS is configured (a certificate needs its key).
-fn tls_files(settings: &Settings) -> Result<Option<tls::TlsFiles>, StartError> {
-    match (&settings.grpc_tls_cert, &settings.grpc_tls_key) {
-        (None, None) if settings.grpc_tls_client_ca.is_some() => Err(StartError::Settings(
-            "--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key".into(),
-        )),
-        (None, None) => Ok(None),
-        (Some(cert), Some(key)) => Ok(Some(tls::TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca: settings.grpc_tls_client_ca.clone(),
-            client_san: settings.grpc_tls_client_san.clone(),
-        })),
-        _ => Err(StartError::Settings(
-            "--grpc-tls-cert and --grpc-tls-key go together".into(),
-        )),
-    }
-}
-
-/// The Redis connection settings, exactly one topology.
-/// The settings of the per-second Redis, when there is one: Go mode's REDIS_PERSECOND_*, or
-/// --redis-per-second-url with the other Redis settings shared.
-fn per_second_settings(settings: &Settings) -> Option<Settings> {
-    if let Some(per_second) = &settings.redis_per_second {
-        return Some(Settings::clone(per_second));
-    }
-    let url = settings.redis_per_second_url.clone()?;
-    let mut per_second = settings.clone();
-    per_second.redis_url = Some(url);
-    per_second.redis_cluster = Vec::new();
-    per_second.redis_sentinel = Vec::new();
-    per_second.redis_per_second = None;
-    Some(per_second)
-}
-
-fn redis_config(settings: &Settings) -> Result<RedisConfig, StartError> {
-    let topology = match (
-        &settings.redis_url,
-        settings.redis_cluster.is_empty(),
-        settings.redis_sentinel.is_empty(),
-    ) {
-        (Some(url), true, true) => Topology::Standalone(url.clone()),
-        (None, false, true) => Topology::Cluster(settings.redis_cluster.clone()),
-        (None, true, false) => Topology::Sentinel {
-            sentinels: settings.redis_sentinel.clone(),
-            master: settings.redis_master.clone().ok_or_else(|| {
-                StartError::Settings(
-                    "--redis-sentinel needs --redis-master (the monitored master's name)".into(),
-                )
-            })?,
-        },
-        (None, true, true) => {
-            return Err(StartError::Settings(
-                "--store redis needs one of --redis-url, --redis-cluster, --redis-sentinel".into(),
-            ));
-        }
-        _ => {
-            return Err(StartError::Settings(
-                "give only one of --redis-url, --redis-cluster, --redis-sentinel".into(),
-            ));
-        }
-    };
-    let ca_pem = match &settings.redis_ca_file {
-        Some(path) => Some(read_file("--redis-ca-file", path)?),
-        None => None,
-    };
-    if settings.redis_tls_skip_hostname_verification && !settings.redis_sentinel.is_empty() {
-        return Err(StartError::Settings(
-            "--redis-tls-skip-hostname-verification is not supported with Sentinel".into(),
-        ));
-    }
-    let client_cert_pem = match (&settings.redis_tls_cert, &settings.redis_tls_key) {
-        (Some(cert), Some(key)) => Some((
-            read_file("--redis-tls-cert", cert)?,
-            read_file("--redis-tls-key", key)?,
-        )),
-        (None, None) => None,
-        _ => {
-            return Err(StartError::Settings(
-                "--redis-tls-cert and --redis-tls-key go together".into(),
-            ));
-        }
-    };
-    let sentinel_ca_pem = match &settings.redis_sentinel_ca_file {
-        Some(path) => Some(read_file("--redis-sentinel-ca-file", path)?),
-        None => None,
-    };
-    Ok(RedisConfig {
-        topology,
-        tls: settings.redis_tls || ca_pem.is_some() || client_cert_pem.is_some(),
-        ca_pem,
-        client_cert_pem,
-        skip_hostname_verification: settings.redis_tls_skip_hostname_verification,
-        username: settings.redis_user.clone(),
-        password: settings.redis_password.as_ref().map(|s| s.0.clone()),
-        sentinel: SentinelAuth {
-            tls: settings.redis_sentinel_tls || sentinel_ca_pem.is_some(),
-            ca_pem: sentinel_ca_pem,
-            username: settings.redis_sentinel_user.clone(),
-            password: settings
-                .redis_sentinel_password
-                .as_ref()
-                .map(|s| s.0.clone()),
-        },
-        pool_size: settings.redis_pool_size,
-        connect_timeout: settings.redis_connect_timeout,
-    })
-}
-
-fn read_file(flag: &str, path: &std::path::Path) -> Result<Vec<u8>, StartError> {
-    std::fs::read(path)
-        .map_err(|e| StartError::Settings(format!("cannot read {flag} {}: {e}", path.display())))
-}
-
-/// Tells at start-up, in the log, whether Redis is usable and if not why (the connections keep
-/// trying in the background either way).
-fn spawn_probe(store: RedisStore, timeout: Duration) {
-    tokio::spawn(async move {
-        match store.probe(timeout).await {
-            Ok(what) => tracing::info!("Redis ready: {what}"),
-            Err(e) if e.is_permanent() => tracing::error!(
-                error = %e,
-                "Redis refuses Portcullis: every call is answered by the failure mode until this is fixed"
-            ),
-            Err(e) => tracing::warn!(
-                error = %e,
-                "Redis not usable yet: calls are answered by the failure mode meanwhile; still trying"
-            ),
-        }
-    });
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -1,0 +1,100 @@
+//! The store and the policy over it, as the settings ask: the memory store (the embedded
+//! default), or Redis (one, or two with per-second limits apart) with the `local` failure mode's
+//! memory store beside it. It must never let a full memory store answer other than by the
+//! failure mode chosen.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
+use crate::settings::{Settings, StoreKind};
+use crate::store::split::SplitStore;
+use crate::store::{MemoryStore, RedisStore, Store};
+use crate::telemetry::Metrics;
+
+use super::StartError;
+use super::config::{per_second_settings, redis_config};
+
+/// The limiter over the store the settings name.
+pub(super) fn limiter(
+    settings: &Settings,
+    clock: &Arc<dyn Clock>,
+    metrics: &Arc<Metrics>,
+) -> Result<Limiter, StartError> {
+    let memory = || {
+        let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
+        store.spawn_sweeper(Duration::from_secs(10));
+        let held = Arc::downgrade(&store);
+        metrics.watch_memory_fill(Box::new(move || {
+            held.upgrade().map_or(0.0, |store| store.fill_ratio())
+        }));
+        Box::new(store)
+    };
+    let limiter = match settings.store {
+        // The memory store fails only when full: a new descriptor is then answered by the
+        // failure mode chosen (never a silent allow under `deny`). `local` has nothing more local
+        // to count in, so it refuses, like `deny`.
+        StoreKind::Memory => {
+            let failure_mode = match settings.failure_mode {
+                FailureMode::Local => FailureMode::Deny,
+                mode => mode,
+            };
+            let config = LimiterConfig {
+                deadline: Duration::from_secs(3600),
+                failure_mode,
+                deny_cache: None,
+            };
+            Limiter::with_policy(memory(), config, None, metrics.clone())
+        }
+        StoreKind::Redis => {
+            let config = redis_config(settings)?;
+            tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");
+            let store = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
+                .map_err(|e| StartError::Settings(e.to_string()))?;
+            spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
+            let store: Box<dyn Store> = match per_second_settings(settings) {
+                None => Box::new(store),
+                Some(per_second) => {
+                    let config = redis_config(&per_second)?;
+                    tracing::info!(redis = ?config, "per-second limits in their own Redis");
+                    let fast = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
+                        .map_err(|e| StartError::Settings(e.to_string()))?;
+                    spawn_probe(fast.clone(), settings.redis_connect_timeout * 2);
+                    Box::new(SplitStore::new(Box::new(store), Box::new(fast)))
+                }
+            };
+            let fallback =
+                (settings.failure_mode == FailureMode::Local).then(|| memory() as Box<dyn Store>);
+            let config = LimiterConfig {
+                deadline: settings.store_timeout,
+                failure_mode: settings.failure_mode,
+                deny_cache: settings.deny_cache.then_some(DenyCacheBounds {
+                    max_entries: settings.deny_cache_max_entries,
+                    max_bytes: settings.deny_cache_max_bytes,
+                    max_age: settings.deny_cache_max_age,
+                }),
+            };
+            Limiter::with_policy(store, config, fallback, metrics.clone())
+        }
+    };
+    Ok(limiter)
+}
+
+/// Tells at start-up, in the log, whether Redis is usable and if not why (the connections keep
+/// trying in the background either way).
+fn spawn_probe(store: RedisStore, timeout: Duration) {
+    tokio::spawn(async move {
+        match store.probe(timeout).await {
+            Ok(what) => tracing::info!("Redis ready: {what}"),
+            Err(e) if e.is_permanent() => tracing::error!(
+                error = %e,
+                "Redis refuses Portcullis: every call is answered by the failure mode until this is fixed"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "Redis not usable yet: calls are answered by the failure mode meanwhile; still trying"
+            ),
+        }
+    });
+}
