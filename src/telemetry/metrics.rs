@@ -1,0 +1,450 @@
+//! The Prometheus registry: every metric Portcullis exports, registered once, cheap to update from
+//! the request path, plus the gauges read when scraped (tasks, descriptors, memory, the memory
+//! store's fill). It must never label a series with raw request data unless a rule asks for it.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub domain: String,
+    /// The rule as configured (`domain.key_value.key`); with the request's values when the rule
+    /// says `detailed_metric` (capped by `--max-detailed-series`); the keys only for a limit the
+    /// request carried. Cardinality stays what the rules file and the cap allow.
+    pub rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DomainLabels {
+    pub domain: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+/// Registers one metric and remembers the names it is exported under (for tooling that checks
+/// dashboards and alerts against what exists).
+fn register<M>(registry: &mut Registry, names: &mut Vec<String>, name: &str, help: &str, metric: M)
+where
+    M: prometheus_client::registry::Metric,
+{
+    let full = format!("portcullis_{name}");
+    match metric.metric_type() {
+        prometheus_client::metrics::MetricType::Counter => names.push(format!("{full}_total")),
+        prometheus_client::metrics::MetricType::Histogram => {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                names.push(format!("{full}{suffix}"));
+            }
+        }
+        _ => names.push(full),
+    }
+    registry.register(name, help, metric);
+}
+
+/// Every metric Portcullis exports, registered once; cheap to update from the request path.
+/// The README lists each with its envoyproxy/ratelimit counterpart.
+pub struct Metrics {
+    registry: Registry,
+    /// The names the metrics are exported under, e.g. `portcullis_rule_hits_total`.
+    names: Vec<String>,
+    pub rule_hits: Family<RuleLabels, Counter>,
+    pub rule_over_limit: Family<RuleLabels, Counter>,
+    pub rule_near_limit: Family<RuleLabels, Counter>,
+    pub rule_within_limit: Family<RuleLabels, Counter>,
+    pub rule_shadow_mode: Family<RuleLabels, Counter>,
+    pub rule_refunded: Family<RuleLabels, Counter>,
+    pub calls: Family<CodeLabels, Counter>,
+    pub call_seconds: Histogram,
+    pub store_seconds: Histogram,
+    pub store_errors: Family<KindLabels, Counter>,
+    pub store_connect_errors: Family<KindLabels, Counter>,
+    pub failure_mode_answers: Family<ModeLabels, Counter>,
+    pub rules_reloads: Family<ResultLabels, Counter>,
+    pub rules_loaded_timestamp: Gauge<f64, AtomicU64>,
+    pub unknown_domain: Counter,
+    pub deny_cache_hits: Counter,
+    pub deny_cache_evictions: Counter,
+    pub detailed_series_folded: Counter,
+    pub accept_errors: Family<ListenerLabels, Counter>,
+    pub ready: Gauge,
+    pub rules_xds_connected: Gauge,
+    pub rules_xds_stream_errors: Counter,
+    /// The factor each configured domain's limits run at (runtime scaling; 1 when none).
+    pub scaling_factor: Family<DomainLabels, Gauge<f64, AtomicU64>>,
+    /// The domains `scaling_factor` has a series for (so a removed domain's goes).
+    pub scaling_domains: Mutex<HashSet<String>>,
+    pub scaling_reloads: Family<ResultLabels, Counter>,
+    /// Read when scraped: a task, descriptor or memory leak shows as a line that only climbs.
+    runtime_alive_tasks: Gauge,
+    process_open_fds: Gauge,
+    process_resident_memory_bytes: Gauge,
+    /// Counters the memory store holds over its cap, read when scraped (0 on Redis).
+    memory_store_fill_ratio: Gauge<f64, AtomicU64>,
+    memory_fill: std::sync::OnceLock<Box<dyn Fn() -> f64 + Send + Sync>>,
+    /// Share of the limit above which allowed hits also count as near the limit.
+    pub near_limit_ratio: f64,
+    /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
+    detailed: Mutex<HashSet<RuleLabels>>,
+    max_detailed: usize,
+}
+
+impl Metrics {
+    /// `max_detailed`: the most per-value series `detailed_metric` rules may create.
+    pub fn new(near_limit_ratio: f64, max_detailed: usize) -> Metrics {
+        let mut registry = Registry::with_prefix("portcullis");
+        let mut names = Vec::new();
+        let latency = || Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        let m = Metrics {
+            rule_hits: Family::default(),
+            rule_over_limit: Family::default(),
+            rule_near_limit: Family::default(),
+            rule_within_limit: Family::default(),
+            rule_shadow_mode: Family::default(),
+            rule_refunded: Family::default(),
+            calls: Family::default(),
+            call_seconds: latency(),
+            store_seconds: latency(),
+            store_errors: Family::default(),
+            store_connect_errors: Family::default(),
+            failure_mode_answers: Family::default(),
+            rules_reloads: Family::default(),
+            rules_loaded_timestamp: Gauge::default(),
+            unknown_domain: Counter::default(),
+            deny_cache_hits: Counter::default(),
+            deny_cache_evictions: Counter::default(),
+            detailed_series_folded: Counter::default(),
+            accept_errors: Family::default(),
+            ready: Gauge::default(),
+            rules_xds_connected: Gauge::default(),
+            rules_xds_stream_errors: Counter::default(),
+            scaling_factor: Family::default(),
+            scaling_domains: Mutex::new(HashSet::new()),
+            scaling_reloads: Family::default(),
+            runtime_alive_tasks: Gauge::default(),
+            process_open_fds: Gauge::default(),
+            process_resident_memory_bytes: Gauge::default(),
+            memory_store_fill_ratio: Gauge::default(),
+            memory_fill: std::sync::OnceLock::new(),
+            near_limit_ratio,
+            detailed: Mutex::new(HashSet::new()),
+            max_detailed,
+            registry: Registry::default(),
+            names: Vec::new(),
+        };
+        register(
+            &mut registry,
+            &mut names,
+            "rule_hits",
+            "Hits counted against a rule (hits_addend summed)",
+            m.rule_hits.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rule_over_limit",
+            "Hits refused by a rule",
+            m.rule_over_limit.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rule_near_limit",
+            "Hits allowed that left the rule's counter above the near-limit ratio",
+            m.rule_near_limit.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rule_within_limit",
+            "Hits allowed by a rule",
+            m.rule_within_limit.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rule_shadow_mode",
+            "Hits over a shadow-mode rule's limit (allowed because of shadow mode)",
+            m.rule_shadow_mode.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rule_refunded",
+            "Hits given back to a rule's budget (is_negative_hits)",
+            m.rule_refunded.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "grpc_calls",
+            "ShouldRateLimit calls by gRPC status code",
+            m.calls.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "grpc_call_duration_seconds",
+            "ShouldRateLimit latency",
+            m.call_seconds.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "store_duration_seconds",
+            "Latency of one store call",
+            m.store_seconds.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "store_errors",
+            "Checks the store failed to decide, by kind (timeout, unavailable, permanent, protocol)",
+            m.store_errors.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "store_connect_errors",
+            "Failed attempts to connect to the store, by kind (permanent: fix the configuration)",
+            m.store_connect_errors.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "failure_mode_answers",
+            "Calls answered by the failure mode because the store failed",
+            m.failure_mode_answers.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rules_reloads",
+            "Rule reloads by result (success, error)",
+            m.rules_reloads.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rules_loaded_timestamp_seconds",
+            "When the rules in force were loaded (Unix time)",
+            m.rules_loaded_timestamp.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "unknown_domain",
+            "Calls for a domain no rules file defines",
+            m.unknown_domain.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "deny_cache_hits",
+            "Checks refused by the local deny cache without asking the store",
+            m.deny_cache_hits.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "deny_cache_evictions",
+            "Denials dropped from the full deny cache to make room (they cost a store call later)",
+            m.deny_cache_evictions.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "detailed_series_folded",
+            "Descriptors of detailed_metric rules counted under the rule's own label because \
+             --max-detailed-series per-value series exist already",
+            m.detailed_series_folded.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "accept_errors",
+            "Connections a listener failed to accept (out of file descriptors, say), by listener",
+            m.accept_errors.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "ready",
+            "1 while this replica is ready (what /readyz and gRPC health say), else 0",
+            m.ready.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rules_xds_connected",
+            "1 while the xDS rules stream is open, else 0 (rules from xDS only)",
+            m.rules_xds_connected.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rules_xds_stream_errors",
+            "xDS rules streams that ended or could not be opened (each is retried with back-off)",
+            m.rules_xds_stream_errors.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "scaling_factor",
+            "The factor a domain's limits run at (runtime scaling: global times domain), 1 when none",
+            m.scaling_factor.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "scaling_reloads",
+            "Scaling file reloads by result (success, error)",
+            m.scaling_reloads.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "runtime_alive_tasks",
+            "Tokio tasks alive when scraped (calls in progress, connections, background work)",
+            m.runtime_alive_tasks.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "process_open_fds",
+            "File descriptors this process holds when scraped (listeners, connections, files)",
+            m.process_open_fds.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "process_resident_memory_bytes",
+            "Resident memory of this process when scraped (VmRSS)",
+            m.process_resident_memory_bytes.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "memory_store_fill_ratio",
+            "Counters the memory store holds over --memory-max-counters, when scraped (at 1 new descriptors are answered by the failure mode)",
+            m.memory_store_fill_ratio.clone(),
+        );
+        Metrics {
+            registry,
+            names,
+            ..m
+        }
+    }
+
+    /// The labels to count a `detailed_metric` rule's hit under: the per-value `detailed` ones
+    /// while the cap allows (or they exist already), else the rule's own `folded` ones.
+    pub fn detailed_labels(&self, detailed: RuleLabels, folded: RuleLabels) -> RuleLabels {
+        let mut known = self.detailed.lock().unwrap_or_else(|p| p.into_inner());
+        if known.contains(&detailed) {
+            return detailed;
+        }
+        if known.len() < self.max_detailed {
+            known.insert(detailed.clone());
+            return detailed;
+        }
+        drop(known);
+        self.detailed_series_folded.inc();
+        folded
+    }
+
+    /// Every name the exposition can carry (`portcullis_rule_hits_total`, the histograms'
+    /// `_bucket`, `_sum`, `_count`, ...), whether or not it has a sample yet.
+    pub fn exported_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        self.sample_process();
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Reads the memory store's fill ratio when scraped (set once, by the server that built it).
+    pub fn watch_memory_fill(&self, fill: Box<dyn Fn() -> f64 + Send + Sync>) {
+        let _ = self.memory_fill.set(fill);
+    }
+
+    /// The gauges read from the runtime and `/proc` rather than kept up to date.
+    fn sample_process(&self) {
+        if let Some(fill) = self.memory_fill.get() {
+            self.memory_store_fill_ratio.set(fill());
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let tasks = handle.metrics().num_alive_tasks();
+            self.runtime_alive_tasks
+                .set(i64::try_from(tasks).unwrap_or(i64::MAX));
+        }
+        if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
+            // The directory handle reading the list is one of the entries: not counted.
+            let fds = entries.count().saturating_sub(1);
+            self.process_open_fds
+                .set(i64::try_from(fds).unwrap_or(i64::MAX));
+        }
+        if let Some(kib) = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| resident_kib(&status))
+        {
+            self.process_resident_memory_bytes
+                .set(i64::try_from(kib.saturating_mul(1024)).unwrap_or(i64::MAX));
+        }
+    }
+
+    pub fn rules_loaded(&self, at: std::time::SystemTime) {
+        let secs = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.rules_loaded_timestamp.set(secs);
+    }
+}
+
+/// `VmRSS:   1234 kB` from `/proc/self/status`.
+fn resident_kib(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new(0.8, 2000)
+    }
+}
