@@ -6,6 +6,7 @@
 //! Nothing here counts or knows about protobuf; a snapshot is never changed once built (a reload
 //! builds a new one), so in-flight calls keep the rules they started with.
 
+mod error;
 pub mod glob;
 mod load;
 pub mod scaling;
@@ -19,9 +20,8 @@ use std::time::SystemTime;
 
 use crate::algorithm::{Algorithm, Limit, US_PER_SECOND};
 
-pub use load::{
-    LoadOptions, RuleError, RuleFiles, RulesError, load_dir, parse, parse_file, read_dir,
-};
+pub use error::{RuleError, RulesError};
+pub use load::{LoadOptions, RuleFiles, load_dir, parse, parse_file, read_dir};
 
 /// The time units of the YAML (`week` is ours and the Go service's; Envoy's override enum has no
 /// week). Month and year are 30 and 365 days, as in envoyproxy/ratelimit.
@@ -435,9 +435,9 @@ impl Level {
 
     /// Adds `other`'s descriptors (a second file of the same domain); a key and value defined in
     /// both is an error at the second definition.
-    pub(crate) fn merge(&mut self, other: Level, errors: &mut Vec<load::RuleError>) {
-        let duplicate = |node: &Node, what: String, errors: &mut Vec<load::RuleError>| {
-            errors.push(load::RuleError {
+    pub(crate) fn merge(&mut self, other: Level, errors: &mut Vec<RuleError>) {
+        let duplicate = |node: &Node, what: String, errors: &mut Vec<RuleError>| {
+            errors.push(RuleError {
                 file: node.source.file.as_ref().clone(),
                 line: node.source.line,
                 field: "descriptors".into(),
@@ -506,7 +506,7 @@ impl Domain {
     }
 
     /// Adds a second file's descriptors to this domain (`merge_domains`).
-    pub(crate) fn merge(&mut self, other: Domain, errors: &mut Vec<load::RuleError>) {
+    pub(crate) fn merge(&mut self, other: Domain, errors: &mut Vec<RuleError>) {
         self.root.merge(other.root, errors);
         self.path_features = self.root.has_path_features();
     }

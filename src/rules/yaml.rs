@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::load::RuleError;
+use super::error::RuleError;
 use super::{Domain, KeyMatchers, Layer, Level, Node, Rule, Source, Unit};
 use crate::algorithm::{Algorithm, Limit};
 

@@ -4,12 +4,13 @@
 //! never choose a store or read settings (the server hands it plain values).
 
 pub mod admin;
+pub mod config;
 pub mod decider;
 pub mod json;
 pub mod response;
 pub mod rls;
 pub mod scaling;
 
-pub use decider::{Decider, ServiceConfig};
-pub use response::HeadersMode;
+pub use config::{HeaderNames, HeadersMode, ServiceConfig};
+pub use decider::Decider;
 pub use rls::RlsService;

@@ -5,36 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::decider::ServiceConfig;
+use super::config::{HeadersMode, ServiceConfig};
 use crate::algorithm::{Check, Decision};
 use crate::pb::{HeaderValue, RateLimitRequest, RateLimitResponse, rate_limit_response};
 use crate::rules::{Layer, Rule, Unit};
 
 use rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
-
-/// Which rate-limit headers to add to the response Envoy sends downstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HeadersMode {
-    /// None (Envoy's default).
-    #[default]
-    Off,
-    /// `x-ratelimit-limit`, `-remaining`, `-reset` as in draft-polli-ratelimit-headers-03, the
-    /// format Envoy itself writes; plus `retry-after` when over the limit.
-    Draft03,
-    /// `ratelimit-limit`, `-remaining`, `-reset` and `ratelimit-policy`; plus `retry-after`.
-    Ietf,
-    /// envoyproxy/ratelimit's three headers (`RateLimit-Limit`, `-Remaining`, `-Reset`): the
-    /// limit as a bare number, nothing else.
-    Go,
-}
-
-/// The three headers' names, when the operator renames them (`None`: the mode's own).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeaderNames {
-    pub limit: Option<String>,
-    pub remaining: Option<String>,
-    pub reset: Option<String>,
-}
 
 /// One descriptor of a call, from resolution to decision.
 #[derive(Debug)]

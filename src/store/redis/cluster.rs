@@ -1,23 +1,15 @@
 //! The Cluster side of the Redis store: a call's checks grouped by slot (one batch job per slot),
-//! all or nothing across slots in two steps, and one script call sent and re-sent only where it
-//! cannot have run (MOVED and ASK followed, TRYAGAIN and failovers waited out). It must never
-//! send again a script that may have run.
-
-use std::time::Duration;
+//! and all or nothing across slots in two steps (look, then charge each slot whole). The sending
+//! itself, with its re-sends where a script cannot have run, is `send::eval_on_cluster`. It must
+//! never charge a slot for a call another slot's look refused.
 
 use futures_util::future::join_all;
-use redis::{RedisError, Value};
 use tokio::time::Instant;
 
-use super::errors::{did_not_run, is_tryagain};
 use super::script::{self, KeyReply, ScriptClock};
-use super::send::{Route, eval, redirect};
 use super::{RedisStore, cluster_batch};
 use crate::algorithm::{ChargeMode, Check};
 use crate::store::StoreError;
-
-/// Attempts of one check on Cluster (the first and the re-sends where the script did not run).
-const CLUSTER_ATTEMPTS: u32 = 4;
 
 /// The checks of each slot (by their Redis keys' hash tags), as indices in `checks`: slots in
 /// order of first appearance, checks in order within each.
@@ -37,17 +29,6 @@ fn by_slot(prefix: &str, checks: &[&Check]) -> Vec<(u16, Vec<usize>)> {
         groups[at].1.push(i);
     }
     groups
-}
-
-/// What one Cluster script call carries, for how its errors are handled (`eval_on_cluster`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Spread {
-    /// One call: redirections are followed.
-    Call,
-    /// Several calls, one slot: TRYAGAIN splits the batch.
-    Calls,
-    /// Several slots of one node: any error that says the script did not run splits the batch.
-    Slots,
 }
 
 impl RedisStore {
@@ -164,45 +145,5 @@ impl RedisStore {
                 }
             })
             .collect()
-    }
-}
-
-/// One script call on Cluster (`args` starting with the number of calls, as the script reads
-/// them), sent by the first key's slot and sent again only where the script cannot have run
-/// (MOVED and ASK to the node named, TRYAGAIN and a failover after a short wait); one reply per
-/// call.
-///
-/// `spread`: a batch of several calls of one slot answered TRYAGAIN (its keys are half migrated)
-/// comes back at once, for its calls to go one by one (each of one descriptor's keys, which
-/// migrate together more often than a whole batch's); a batch over several slots of one node
-/// comes back at the first error that says the script did not run (a slot moved since the node
-/// map was read): a redirection names one slot's node, not the batch's.
-pub(super) async fn eval_on_cluster(
-    conn: &mut redis::cluster_async::ClusterConnection,
-    keys: &[String],
-    args: &[i64],
-    spread: Spread,
-) -> Result<Value, RedisError> {
-    let mut route = Route::BySlot;
-    let mut attempt = 1;
-    let cross_slot = spread == Spread::Slots;
-    loop {
-        match eval(conn, keys, args, &route, cross_slot).await {
-            Err(e) if cross_slot && did_not_run(&e) => return Err(e),
-            Err(e) if spread == Spread::Calls && is_tryagain(&e) => return Err(e),
-            Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
-                tracing::debug!(error = %e, attempt, "script did not run: sending it again");
-                route = match redirect(&e) {
-                    Some(to) => to,
-                    None => {
-                        // TRYAGAIN, a failover in progress, a node not yet connected.
-                        tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
-                        Route::BySlot
-                    }
-                };
-                attempt += 1;
-            }
-            other => return other,
-        }
     }
 }

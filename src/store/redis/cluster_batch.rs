@@ -24,9 +24,9 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use super::batch::{Job, MAX_CALLS, MAX_KEYS, Merged, answer, fail_all, merge, submit};
-use super::cluster::{Spread, eval_on_cluster};
 use super::errors::{classify, did_not_run, is_tryagain};
 use super::script::KeyReply;
+use super::send::{Spread, eval_on_cluster};
 use crate::store::StoreError;
 
 /// Slots in a Cluster.

@@ -1,12 +1,15 @@
 //! Sending the decision script: EVALSHA, and EVAL where a node does not have it cached, by slot or
 //! to the node a Cluster redirection named. It must never send a script twice itself: whether a
-//! failed send may be sent again is the caller's call (`errors::did_not_run`).
+//! failed send may be sent again is decided by `errors::did_not_run`: `eval_on_cluster` follows
+//! MOVED and ASK and waits out TRYAGAIN and failovers, and nothing else.
 
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use super::errors::is_noscript;
+use std::time::Duration;
+
+use super::errors::{did_not_run, is_noscript, is_tryagain};
 use super::script;
 
 /// Where to send a script on Cluster: by its key's slot, or to the node a redirection named.
@@ -109,5 +112,59 @@ impl RoutedConn for redis::cluster_async::ClusterConnection {
             }
         };
         Ok(value)
+    }
+}
+
+/// Attempts of one check on Cluster (the first and the re-sends where the script did not run).
+const CLUSTER_ATTEMPTS: u32 = 4;
+
+/// What one Cluster script call carries, for how its errors are handled (`eval_on_cluster`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spread {
+    /// One call: redirections are followed.
+    Call,
+    /// Several calls, one slot: TRYAGAIN splits the batch.
+    Calls,
+    /// Several slots of one node: any error that says the script did not run splits the batch.
+    Slots,
+}
+
+/// One script call on Cluster (`args` starting with the number of calls, as the script reads
+/// them), sent by the first key's slot and sent again only where the script cannot have run
+/// (MOVED and ASK to the node named, TRYAGAIN and a failover after a short wait); one reply per
+/// call.
+///
+/// `spread`: a batch of several calls of one slot answered TRYAGAIN (its keys are half migrated)
+/// comes back at once, for its calls to go one by one (each of one descriptor's keys, which
+/// migrate together more often than a whole batch's); a batch over several slots of one node
+/// comes back at the first error that says the script did not run (a slot moved since the node
+/// map was read): a redirection names one slot's node, not the batch's.
+pub(super) async fn eval_on_cluster(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    keys: &[String],
+    args: &[i64],
+    spread: Spread,
+) -> Result<Value, RedisError> {
+    let mut route = Route::BySlot;
+    let mut attempt = 1;
+    let cross_slot = spread == Spread::Slots;
+    loop {
+        match eval(conn, keys, args, &route, cross_slot).await {
+            Err(e) if cross_slot && did_not_run(&e) => return Err(e),
+            Err(e) if spread == Spread::Calls && is_tryagain(&e) => return Err(e),
+            Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
+                tracing::debug!(error = %e, attempt, "script did not run: sending it again");
+                route = match redirect(&e) {
+                    Some(to) => to,
+                    None => {
+                        // TRYAGAIN, a failover in progress, a node not yet connected.
+                        tokio::time::sleep(Duration::from_millis(2 << attempt)).await;
+                        Route::BySlot
+                    }
+                };
+                attempt += 1;
+            }
+            other => return other,
+        }
     }
 }

@@ -175,7 +175,7 @@ fn every_module_has_a_floor() {
         }
         assert!(
             floor_of(&module).is_some(),
-            "src/{module} is on no floor: add it to FLOORS in tests/layers.rs and to ARCHITECTURE.md"
+            "src/{module} is on no floor: add it to FLOORS in tests/floors.rs and to ARCHITECTURE.md"
         );
     }
 }
@@ -232,4 +232,95 @@ fn the_import_reader_sees_grouped_and_nested_paths() {
         .map(String::from)
         .collect();
     assert_eq!(found, expected);
+}
+
+/// The files of one folder that `file` (not a `mod.rs`) uses: `super::name` and
+/// `crate::<its folder>::name`, where `name` is a sibling file.
+fn sibling_uses(src: &Path, file: &Path) -> BTreeSet<String> {
+    let dir = file.parent().expect("a folder");
+    let siblings: BTreeSet<String> = std::fs::read_dir(dir)
+        .expect("read folder")
+        .filter_map(|e| {
+            let path = e.expect("entry").path();
+            let name = path.file_stem()?.to_str()?.to_owned();
+            let is_module = path.extension().is_some_and(|x| x == "rs") || path.is_dir();
+            (is_module && name != "mod").then_some(name)
+        })
+        .collect();
+    let code = code_only(&std::fs::read_to_string(file).expect("read source"));
+    let folder = dir
+        .strip_prefix(src)
+        .expect("under src")
+        .to_string_lossy()
+        .replace('/', "::");
+    let mut used = imported_modules(&code, "super::");
+    if !folder.is_empty() {
+        used.extend(imported_modules(&code, &format!("crate::{folder}::")));
+    }
+    let own = file.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    used.into_iter()
+        .filter(|name| siblings.contains(name) && name != own)
+        .collect()
+}
+
+/// No two files side by side in one folder use each other, directly or round a longer loop: a
+/// reader can start from a file and find everything it needs below it. (A folder's `mod.rs`
+/// declares its files and may use them; they may use what it defines.)
+#[test]
+fn no_import_circle_between_files_of_one_folder() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut edges: std::collections::BTreeMap<PathBuf, BTreeSet<PathBuf>> = Default::default();
+    for file in files
+        .iter()
+        .filter(|f| !f.ends_with("mod.rs") && !f.ends_with("lib.rs"))
+    {
+        let dir = file.parent().expect("a folder");
+        let targets = sibling_uses(&src, file)
+            .into_iter()
+            .map(|name| {
+                let plain = dir.join(format!("{name}.rs"));
+                if plain.exists() {
+                    plain
+                } else {
+                    dir.join(name).join("mod.rs")
+                }
+            })
+            .collect();
+        edges.insert(file.clone(), targets);
+    }
+    // Depth-first search for a cycle, reporting the loop.
+    fn visit(
+        node: &PathBuf,
+        edges: &std::collections::BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+        path: &mut Vec<PathBuf>,
+        done: &mut BTreeSet<PathBuf>,
+    ) -> Option<Vec<PathBuf>> {
+        if let Some(at) = path.iter().position(|p| p == node) {
+            return Some(path[at..].to_vec());
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.clone());
+        for next in edges.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, edges, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.clone());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for node in edges.keys() {
+        if let Some(cycle) = visit(node, &edges, &mut Vec::new(), &mut done) {
+            let names: Vec<String> = cycle
+                .iter()
+                .map(|p| p.strip_prefix(&src).unwrap_or(p).display().to_string())
+                .collect();
+            panic!("an import circle: {}", names.join(" -> "));
+        }
+    }
 }
