@@ -2,8 +2,9 @@
 //! together, as one script call, so that the cost of a script call (the round trip, the Lua run,
 //! reading TIME) is shared by every decision in it.
 //!
-//! One dispatcher per store holds at most one script call in flight per connection. A call that
-//! finds a connection free goes at once; calls that arrive while every connection is busy wait
+//! One dispatcher per store holds at most as many script calls in flight as it has connections
+//! (a semaphore; a call goes on whichever live connection the set hands out). A call that finds
+//! a permit free goes at once; calls that arrive while every connection is busy wait
 //! in a bounded queue and ride the next script call together (at most `MAX_CALLS` calls and
 //! `MAX_KEYS` keys each). The script applies the calls in arrival order, each decided on its own
 //! with its own mode, under one Redis `TIME`: a batch decides exactly what the same calls sent one
@@ -158,7 +159,7 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the dispatcher over `set`, with one script call in flight per connection.
+    /// Starts the dispatcher over `set`, with at most as many script calls in flight as connections.
     pub fn spawn(set: Arc<ConnectionSet>, connections: usize) -> Batcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
         tokio::spawn(dispatch(

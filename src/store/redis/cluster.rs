@@ -84,7 +84,7 @@ impl RedisStore {
         mode: i64,
         deadline: Instant,
     ) -> Result<Vec<KeyReply>, StoreError> {
-        let Some(batcher) = &self.slot_batcher else {
+        let Some(batcher) = &self.node_batcher else {
             return Err(StoreError::Protocol("no Cluster dispatcher".into()));
         };
         let (keys, args) = self.encode(checks, clock, mode, deadline);

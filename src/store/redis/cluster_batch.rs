@@ -48,7 +48,7 @@ pub const MAX_WAITING: usize = 16384;
 
 /// The sending side; cheap to clone. The dispatcher stops when the last clone is dropped.
 #[derive(Clone)]
-pub struct SlotBatcher {
+pub struct NodeBatcher {
     jobs: mpsc::Sender<(u16, Job)>,
     map: watch::Receiver<Option<Arc<NodeMap>>>,
 }
@@ -75,14 +75,14 @@ struct Lane {
     busy: bool,
 }
 
-impl SlotBatcher {
-    pub fn spawn(cluster: ClusterConnection) -> SlotBatcher {
+impl NodeBatcher {
+    pub fn spawn(cluster: ClusterConnection) -> NodeBatcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
         let (maps, map) = watch::channel(None);
         let stale = Arc::new(Notify::new());
         tokio::spawn(keep_node_map(cluster.clone(), maps, stale.clone()));
         tokio::spawn(dispatch(cluster, queue, map.clone(), stale));
-        SlotBatcher { jobs, map }
+        NodeBatcher { jobs, map }
     }
 
     /// Decides one call (`keys` all in `slot`, `args` as the script reads one call) in the next
@@ -207,9 +207,11 @@ async fn send(conn: &mut ClusterConnection, jobs: Vec<(u16, Job)>, stale: &Arc<N
         return;
     }
     let spread = match jobs.as_slice() {
-        [_] => Spread::Call,
-        [(first, _), rest @ ..] if rest.iter().any(|(slot, _)| slot != first) => Spread::Slots,
-        _ => Spread::Calls,
+        [_] => Spread::OneCall,
+        [(first, _), rest @ ..] if rest.iter().any(|(slot, _)| slot != first) => {
+            Spread::SeveralSlots
+        }
+        _ => Spread::CallsOfOneSlot,
     };
     let Merged {
         mut keys,
@@ -222,10 +224,10 @@ async fn send(conn: &mut ClusterConnection, jobs: Vec<(u16, Job)>, stale: &Arc<N
         tokio::time::timeout_at(deadline, eval_on_cluster(conn, &keys, &args, spread)).await;
     match called {
         Ok(Err(e))
-            if (spread == Spread::Calls && is_tryagain(&e))
-                || (spread == Spread::Slots && did_not_run(&e)) =>
+            if (spread == Spread::CallsOfOneSlot && is_tryagain(&e))
+                || (spread == Spread::SeveralSlots && did_not_run(&e)) =>
         {
-            if spread == Spread::Slots {
+            if spread == Spread::SeveralSlots {
                 tracing::debug!(error = %e, "a batch over several slots did not run: its calls go one by one");
                 stale.notify_one();
             }

@@ -44,7 +44,7 @@ pub struct RedisStore {
     /// Standalone and Sentinel: concurrent calls share script calls.
     batcher: Option<batch::Batcher>,
     /// Cluster: per-slot batching (`cluster_batch`).
-    slot_batcher: Option<cluster_batch::SlotBatcher>,
+    node_batcher: Option<cluster_batch::NodeBatcher>,
     prefix: String,
     clock: Arc<RedisClock>,
 }
@@ -65,14 +65,14 @@ impl RedisStore {
             )),
             Backend::Cluster(_) => None,
         };
-        let slot_batcher = match &backend {
-            Backend::Cluster(cluster) => Some(cluster_batch::SlotBatcher::spawn(cluster.clone())),
+        let node_batcher = match &backend {
+            Backend::Cluster(cluster) => Some(cluster_batch::NodeBatcher::spawn(cluster.clone())),
             Backend::Pool(_) => None,
         };
         Ok(RedisStore {
             backend,
             batcher,
-            slot_batcher,
+            node_batcher,
             prefix: key_prefix.to_owned(),
             clock: Arc::new(RedisClock::default()),
         })
@@ -81,7 +81,7 @@ impl RedisStore {
     /// Whether Cluster calls are batched per node (the node map is read and every node runs
     /// Redis 7 or later) rather than per slot; false on standalone and Sentinel.
     pub fn batches_by_node(&self) -> bool {
-        self.slot_batcher.as_ref().is_some_and(|b| b.by_node())
+        self.node_batcher.as_ref().is_some_and(|b| b.by_node())
     }
 
     /// The full Redis key of a check.

@@ -122,11 +122,11 @@ const CLUSTER_ATTEMPTS: u32 = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Spread {
     /// One call: redirections are followed.
-    Call,
+    OneCall,
     /// Several calls, one slot: TRYAGAIN splits the batch.
-    Calls,
+    CallsOfOneSlot,
     /// Several slots of one node: any error that says the script did not run splits the batch.
-    Slots,
+    SeveralSlots,
 }
 
 /// One script call on Cluster (`args` starting with the number of calls, as the script reads
@@ -147,11 +147,11 @@ pub(super) async fn eval_on_cluster(
 ) -> Result<Value, RedisError> {
     let mut route = Route::BySlot;
     let mut attempt = 1;
-    let cross_slot = spread == Spread::Slots;
+    let cross_slot = spread == Spread::SeveralSlots;
     loop {
         match eval(conn, keys, args, &route, cross_slot).await {
             Err(e) if cross_slot && did_not_run(&e) => return Err(e),
-            Err(e) if spread == Spread::Calls && is_tryagain(&e) => return Err(e),
+            Err(e) if spread == Spread::CallsOfOneSlot && is_tryagain(&e) => return Err(e),
             Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
                 tracing::debug!(error = %e, attempt, "script did not run: sending it again");
                 route = match redirect(&e) {
