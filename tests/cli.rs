@@ -242,8 +242,11 @@ fn explain_shows_how_each_level_matched() {
 
 #[test]
 fn the_readme_rules_examples_load() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    for page in std::fs::read_dir(root.join("docs")).unwrap() {
+        readme.push_str(&std::fs::read_to_string(page.unwrap().path()).unwrap());
+    }
     // Every rules example (a YAML block that starts with `domain:`), each on its own.
     let blocks: Vec<&str> = readme
         .split("```yaml\n")

@@ -440,7 +440,17 @@ fn every_portcullis_variable_the_guides_name_exists() {
         .output()
         .expect("portcullis serve --help");
     let help = String::from_utf8_lossy(&help.stdout);
-    for guide in ["deploy/envoy-gateway.md", "deploy/README.md", "README.md"] {
+    let mut guides: Vec<String> = ["deploy/envoy-gateway.md", "deploy/README.md", "README.md"]
+        .map(String::from)
+        .to_vec();
+    for page in std::fs::read_dir(repo("docs")).unwrap() {
+        let path = page.unwrap().path();
+        guides.push(format!(
+            "docs/{}",
+            path.file_name().unwrap().to_string_lossy()
+        ));
+    }
+    for guide in &guides {
         let text = std::fs::read_to_string(repo(guide)).unwrap();
         for (at, _) in text.match_indices("PORTCULLIS_") {
             let name: String = text[at..]

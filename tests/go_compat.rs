@@ -549,13 +549,12 @@ const GO_VARIABLES: &[&str] = &[
 
 #[test]
 fn the_readme_says_what_becomes_of_every_go_variable_and_go_mode_reads_them() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme = common::docs();
     let section = readme
-        .split("### Running as the Go service")
+        .split("## Running as the Go service")
         .nth(1)
-        .and_then(|s| s.split("\n### ").next())
-        .expect("the README's Go variable section");
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/coming-from-go.md's Go variable section");
     let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| `")).collect();
     let mapping = concat!(
         include_str!("../src/settings/go/mod.rs"),
@@ -566,7 +565,7 @@ fn the_readme_says_what_becomes_of_every_go_variable_and_go_mode_reads_them() {
         let row = rows
             .iter()
             .find(|r| r.split('|').nth(1).is_some_and(|c| c.contains(&quoted)))
-            .unwrap_or_else(|| panic!("{name} has no row in the README's table"));
+            .unwrap_or_else(|| panic!("{name} has no row in docs/coming-from-go.md's table"));
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
         // "| a | b | c |" splits into ["", a, b, c, ""].
         assert_eq!(cells.len(), 5, "{row}");

@@ -29,10 +29,9 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 5}
 "#;
 
-/// The `ACL SETUSER` line of README's Redis section, as arguments after the user name.
+/// The `ACL SETUSER` line of the Redis guide (docs/redis.md), as arguments after the user name.
 fn readme_acl() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme = common::docs();
     let start = readme
         .find("ACL SETUSER portcullis")
         .expect("README gives the ACL");

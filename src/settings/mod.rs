@@ -234,7 +234,7 @@ pub struct Settings {
     pub quota_mode: bool,
     /// When any descriptor of a call is over its limit, charge none of them (the Go service's
     /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT). Atomic on memory and standalone Redis; see the
-    /// README for Cluster.
+    /// Redis guide (docs/redis.md) for Cluster.
     #[arg(long, env = "PORTCULLIS_STOP_CHARGING_WHEN_OVER")]
     pub stop_charging_when_over: bool,
     /// Describe each call in the response's dynamic metadata, with the matched rules' `metadata`

@@ -72,7 +72,7 @@ where
 }
 
 /// Every metric Portcullis exports, registered once; cheap to update from the request path.
-/// The README lists each with its envoyproxy/ratelimit counterpart.
+/// docs/operating.md lists each with its envoyproxy/ratelimit counterpart.
 pub struct Metrics {
     registry: Registry,
     /// The names the metrics are exported under, e.g. `portcullis_rule_hits_total`.

@@ -477,12 +477,16 @@ static_resources:
     }
 }
 
-/// The YAML blocks of README.md that hold Envoy filters (`envoy.filters.http.`), as written.
+/// The YAML blocks of README.md and docs/ that hold Envoy filters (`envoy.filters.http.`), as
+/// written.
 pub fn readme_envoy_blocks() -> Vec<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    readme
-        .split("```yaml\n")
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    for page in std::fs::read_dir(root.join("docs")).expect("docs/") {
+        text.push('\n');
+        text.push_str(&std::fs::read_to_string(page.expect("entry").path()).expect("a page"));
+    }
+    text.split("```yaml\n")
         .skip(1)
         .filter_map(|rest| rest.split_once("```").map(|(block, _)| block.to_owned()))
         .filter(|block| block.contains("envoy.filters.http."))

@@ -134,6 +134,23 @@ pub async fn http_with(
     (status, body)
 }
 
+/// README.md and every page of docs/, as one text: the examples a user copies from any of them.
+pub fn docs() -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    let mut text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    for page in pages {
+        text.push('\n');
+        text.push_str(&std::fs::read_to_string(&page).expect("a docs page"));
+    }
+    text
+}
+
 /// The value of one sample line of a Prometheus exposition, 0 when absent.
 pub fn sample(metrics: &str, series: &str) -> f64 {
     metrics
