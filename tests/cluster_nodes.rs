@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::redis::{RedisCluster, cli, connected_store};
+use common::redis::{RedisCluster, cli, connected_store, script_calls};
 use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::store::RedisStore;
 use portcullis::store::StoreError;
@@ -69,18 +69,6 @@ fn checks_on(owner: &[u16], port: u16, tag: &str, n: usize) -> Vec<Check> {
         .filter(|c| owner[usize::from(slot_of(&format!("{PREFIX}{}", c.key)))] == port)
         .take(n)
         .collect()
-}
-
-fn script_calls(port: u16) -> u64 {
-    cli(port, &["INFO", "commandstats"])
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split([':', ','])
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
 }
 
 async fn decide(

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::redis::{RedisServer, cli, plain_config};
+use common::redis::{RedisServer, cli, plain_config, script_calls};
 use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::store::redis::{ScriptClock, Topology};
 use portcullis::store::{Answers, RedisStore, StoreError};
@@ -39,18 +39,6 @@ async fn store_on(redis: &RedisServer, prefix: &str) -> RedisStore {
         .await
         .expect("Redis usable");
     store
-}
-
-fn script_calls(port: u16) -> u64 {
-    cli(port, &["INFO", "commandstats"])
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split([':', ','])
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
 }
 
 /// Every call at once, on a single-threaded runtime: they are queued before the dispatcher

@@ -400,3 +400,64 @@ pub async fn connected_store(
         .expect("Redis usable");
     store
 }
+
+/// Settings for an in-process server on `redis` (standalone), with a deadline tests can afford.
+pub fn redis_settings(s: &mut portcullis::settings::Settings, redis: &RedisServer) {
+    s.store = portcullis::settings::StoreKind::Redis;
+    s.redis_url = Some(redis.url());
+    s.store_timeout = Duration::from_secs(2);
+}
+
+/// The script calls Redis has run since its statistics were last reset (EVALSHA and EVAL).
+pub fn script_calls(port: u16) -> u64 {
+    cli(port, &["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// The store's decisions for `checks` with the script's clock at `clock`; every one must come
+/// from Redis.
+pub async fn decide(
+    store: &portcullis::store::RedisStore,
+    checks: &[portcullis::algorithm::Check],
+    clock: portcullis::store::redis::ScriptClock,
+) -> Vec<portcullis::algorithm::Decision> {
+    decide_in(
+        store,
+        checks,
+        clock,
+        portcullis::algorithm::ChargeMode::EachAlone,
+    )
+    .await
+}
+
+/// Like `decide`, the call's checks charged as `mode` says.
+pub async fn decide_in(
+    store: &portcullis::store::RedisStore,
+    checks: &[portcullis::algorithm::Check],
+    clock: portcullis::store::redis::ScriptClock,
+    mode: portcullis::algorithm::ChargeMode,
+) -> Vec<portcullis::algorithm::Decision> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    store
+        .check_with_clock(checks, clock, deadline, mode)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("redis answers"))
+        .collect()
+}
+
+/// A redis-rs connection of its own to one Redis process (no Portcullis store around it).
+pub async fn plain_connection(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .expect("a client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connected")
+}
