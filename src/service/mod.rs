@@ -7,9 +7,12 @@ pub mod admin;
 pub mod config;
 pub mod decider;
 pub mod json;
+mod plan;
 pub mod response;
 pub mod rls;
+mod rule_metrics;
 pub mod scaling;
+mod validate;
 
 pub use config::{HeaderNames, HeadersMode, ServiceConfig};
 pub use decider::Decider;
