@@ -14,6 +14,7 @@ pub mod batch;
 mod clock;
 mod cluster;
 pub mod cluster_batch;
+pub mod config;
 pub mod connection;
 mod errors;
 mod factors;
@@ -27,7 +28,7 @@ use redis::{RedisError, Value};
 use tokio::time::Instant;
 
 pub use clock::RedisClock;
-pub use connection::{RedisConfig, SentinelAuth, Topology, redact_url};
+pub use config::{RedisConfig, SentinelAuth, TCP_USER_TIMEOUT, Topology, redact_url};
 pub use errors::classify;
 pub use script::ScriptClock;
 
