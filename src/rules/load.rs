@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::error::{RuleError, RulesError};
-use super::{Domain, Snapshot, yaml};
+use super::{Domain, Snapshot, build, yaml};
 use crate::algorithm::Algorithm;
 
 /// Parses one file's text; on failure pushes the problems to `errors`.
@@ -27,7 +27,7 @@ pub fn parse_file(
     budget.max_depth = yaml::MAX_YAML_DEPTH;
     let parse_options = serde_saphyr::options! { budget: Some(budget) };
     match serde_saphyr::from_str_with_options::<yaml::FileYaml>(text, parse_options) {
-        Ok(parsed) => yaml::build(&file, parsed, options.default_algorithm, errors),
+        Ok(parsed) => build::build(&file, parsed, options.default_algorithm, errors),
         Err(e) => {
             let line = e.location().map_or(1, |l| l.line().max(1));
             let render = serde_saphyr::render_options! { snippets: serde_saphyr::SnippetMode::Off };
