@@ -9,8 +9,9 @@ use arc_swap::ArcSwap;
 use tonic::Status;
 
 use super::config::ServiceConfig;
+use super::plan::Planned;
 use super::plan::{apply_replaces, plan};
-use super::response::{self, Planned};
+use super::response;
 use crate::algorithm::{ChargeMode, Check};
 use crate::limiter::Limiter;
 use crate::pb::{RateLimitRequest, RateLimitResponse, rate_limit_descriptor};

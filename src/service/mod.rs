@@ -7,6 +7,7 @@ pub mod admin;
 pub mod config;
 pub mod decider;
 pub mod json;
+mod metadata;
 mod plan;
 pub mod response;
 pub mod rls;

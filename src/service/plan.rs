@@ -5,11 +5,75 @@
 use std::sync::Arc;
 
 use super::config::ServiceConfig;
-use super::response::{LayerPlan, Planned};
-use crate::algorithm::{Check, Limit, key};
+use crate::algorithm::{Check, Decision, Limit, key};
 use crate::pb::{RateLimitDescriptor, RateLimitUnit, rate_limit_descriptor};
 use crate::rules::scaling::{self, Scaling};
-use crate::rules::{Lookup, Rule, Snapshot, Unit};
+use crate::rules::{Layer, Lookup, Rule, Snapshot, Unit};
+
+/// One descriptor of a call, from resolution to decision.
+#[derive(Debug)]
+pub struct Planned {
+    pub rule: Option<Arc<Rule>>,
+    pub check: Option<Check>,
+    pub hits: u64,
+    /// The hits are given back (`is_negative_hits`).
+    pub refund: bool,
+    /// The per-rule metric name when it is made of request values.
+    pub metric_name: Option<String>,
+    pub decision: Option<Decision>,
+    pub unknown_domain: bool,
+    /// A layered rule's limits, each with its check and decision (`check` is then `None`, and
+    /// `decision` is the binding layer's once decided).
+    pub layers: Vec<LayerPlan>,
+    /// The layer that binds: the refusing one with the longest wait, else the one with the
+    /// least remaining.
+    pub binding: usize,
+}
+
+/// One limit of a layered descriptor, from check to decision.
+#[derive(Debug)]
+pub struct LayerPlan {
+    pub layer: Layer,
+    pub check: Check,
+    pub decision: Option<Decision>,
+}
+
+impl Planned {
+    /// Records the layers' decisions and picks the binding one: a refusal binds (the longest
+    /// wait among refusals, so a client that waits is never early), else the least remaining
+    /// (the first of equals).
+    pub fn bind_layers(&mut self) {
+        let decided = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.decision.map(|d| (i, d)));
+        let wait = |d: &Decision| d.retry_after.unwrap_or(d.reset_after);
+        let refusing = decided
+            .clone()
+            .filter(|(_, d)| !d.allowed)
+            .max_by(|(i, a), (j, b)| wait(a).cmp(&wait(b)).then(j.cmp(i)));
+        let binding = refusing.or_else(|| {
+            decided.min_by(|(i, a), (j, b)| a.remaining.cmp(&b.remaining).then(i.cmp(j)))
+        });
+        if let Some((i, decision)) = binding {
+            self.binding = i;
+            self.decision = Some(decision);
+        }
+    }
+
+    /// The limit the status reports: (name, requests per unit, unit) of the binding layer, or
+    /// of the rule.
+    pub(super) fn shown_limit(&self) -> Option<(Option<&str>, u32, Option<Unit>)> {
+        if let Some(layer) = self.layers.get(self.binding) {
+            let l = &layer.layer;
+            return Some((l.name.as_deref(), l.requests_per_unit, Some(l.unit)));
+        }
+        self.rule
+            .as_ref()
+            .map(|r| (r.name.as_deref(), r.requests_per_unit, r.unit))
+    }
+}
 
 pub(super) fn override_unit(unit: i32) -> Option<Unit> {
     match RateLimitUnit::try_from(unit).ok()? {

@@ -2,80 +2,14 @@
 //! overall code (quota descriptors and shadow mode as the Go service weighs them), the optional
 //! rate-limit headers, and the optional dynamic metadata.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::{HeadersMode, ServiceConfig};
-use crate::algorithm::{Check, Decision};
+use super::plan::Planned;
 use crate::pb::{HeaderValue, RateLimitRequest, RateLimitResponse, rate_limit_response};
-use crate::rules::{Layer, Rule, Unit};
+use crate::rules::Unit;
 
 use rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
-
-/// One descriptor of a call, from resolution to decision.
-#[derive(Debug)]
-pub struct Planned {
-    pub rule: Option<Arc<Rule>>,
-    pub check: Option<Check>,
-    pub hits: u64,
-    /// The hits are given back (`is_negative_hits`).
-    pub refund: bool,
-    /// The per-rule metric name when it is made of request values.
-    pub metric_name: Option<String>,
-    pub decision: Option<Decision>,
-    pub unknown_domain: bool,
-    /// A layered rule's limits, each with its check and decision (`check` is then `None`, and
-    /// `decision` is the binding layer's once decided).
-    pub layers: Vec<LayerPlan>,
-    /// The layer that binds: the refusing one with the longest wait, else the one with the
-    /// least remaining.
-    pub binding: usize,
-}
-
-/// One limit of a layered descriptor, from check to decision.
-#[derive(Debug)]
-pub struct LayerPlan {
-    pub layer: Layer,
-    pub check: Check,
-    pub decision: Option<Decision>,
-}
-
-impl Planned {
-    /// Records the layers' decisions and picks the binding one: a refusal binds (the longest
-    /// wait among refusals, so a client that waits is never early), else the least remaining
-    /// (the first of equals).
-    pub fn bind_layers(&mut self) {
-        let decided = self
-            .layers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.decision.map(|d| (i, d)));
-        let wait = |d: &Decision| d.retry_after.unwrap_or(d.reset_after);
-        let refusing = decided
-            .clone()
-            .filter(|(_, d)| !d.allowed)
-            .max_by(|(i, a), (j, b)| wait(a).cmp(&wait(b)).then(j.cmp(i)));
-        let binding = refusing.or_else(|| {
-            decided.min_by(|(i, a), (j, b)| a.remaining.cmp(&b.remaining).then(i.cmp(j)))
-        });
-        if let Some((i, decision)) = binding {
-            self.binding = i;
-            self.decision = Some(decision);
-        }
-    }
-
-    /// The limit the status reports: (name, requests per unit, unit) of the binding layer, or
-    /// of the rule.
-    fn shown_limit(&self) -> Option<(Option<&str>, u32, Option<Unit>)> {
-        if let Some(layer) = self.layers.get(self.binding) {
-            let l = &layer.layer;
-            return Some((l.name.as_deref(), l.requests_per_unit, Some(l.unit)));
-        }
-        self.rule
-            .as_ref()
-            .map(|r| (r.name.as_deref(), r.requests_per_unit, r.unit))
-    }
-}
 
 fn pb_unit(unit: Unit) -> PbUnit {
     match unit {
@@ -186,7 +120,7 @@ pub fn build(
     let response_headers_to_add = headers(config, planned, &statuses, refused);
     let dynamic_metadata = config
         .dynamic_metadata
-        .then(|| metadata::describe(request, planned, &statuses));
+        .then(|| super::metadata::describe(request, planned, &statuses));
     RateLimitResponse {
         overall_code: overall as i32,
         statuses,
@@ -320,140 +254,4 @@ fn retry_wait(planned: &[Planned], statuses: &[DescriptorStatus]) -> i64 {
         .map(|d| ceil_seconds(d.retry_after.unwrap_or(d.reset_after)).max(1))
         .max()
         .unwrap_or(1)
-}
-
-/// The response's dynamic metadata, as the Go service writes it with `RESPONSE_DYNAMIC_METADATA`:
-/// the domain, each descriptor (`entries` as `key=value` strings, its `limit` override and
-/// `hitsAddend` when set), the request's `hitsAddend` when not 0, and `metadata`: the rules'
-/// `metadata` of the descriptors that passed, merged (the first one wins a conflict; maps merge).
-mod metadata {
-    use std::collections::BTreeMap;
-
-    use prost_types::{ListValue, Struct, Value, value::Kind};
-
-    use super::{Code, DescriptorStatus, Planned};
-    use crate::pb::{RateLimitRequest, RateLimitUnit};
-
-    fn text(s: impl Into<String>) -> Value {
-        Value {
-            kind: Some(Kind::StringValue(s.into())),
-        }
-    }
-
-    fn number(n: f64) -> Value {
-        Value {
-            kind: Some(Kind::NumberValue(n)),
-        }
-    }
-
-    fn object(fields: BTreeMap<String, Value>) -> Value {
-        Value {
-            kind: Some(Kind::StructValue(Struct { fields })),
-        }
-    }
-
-    fn list(values: Vec<Value>) -> Value {
-        Value {
-            kind: Some(Kind::ListValue(ListValue { values })),
-        }
-    }
-
-    /// A YAML/JSON value of the rules as a protobuf value.
-    fn from_json(value: &serde_json::Value) -> Value {
-        match value {
-            serde_json::Value::Null => Value {
-                kind: Some(Kind::NullValue(0)),
-            },
-            serde_json::Value::Bool(b) => Value {
-                kind: Some(Kind::BoolValue(*b)),
-            },
-            serde_json::Value::Number(n) => number(n.as_f64().unwrap_or(0.0)),
-            serde_json::Value::String(s) => text(s.clone()),
-            serde_json::Value::Array(items) => list(items.iter().map(from_json).collect()),
-            serde_json::Value::Object(map) => {
-                object(map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect())
-            }
-        }
-    }
-
-    /// Adds `from`'s fields to `into`: fields already there stay, except that two maps merge.
-    fn merge(into: &mut BTreeMap<String, Value>, from: BTreeMap<String, Value>) {
-        for (key, value) in from {
-            match (into.get_mut(&key), value) {
-                (
-                    Some(Value {
-                        kind: Some(Kind::StructValue(ours)),
-                    }),
-                    Value {
-                        kind: Some(Kind::StructValue(theirs)),
-                    },
-                ) => merge(&mut ours.fields, theirs.fields),
-                (Some(_), _) => {}
-                (None, value) => {
-                    into.insert(key, value);
-                }
-            }
-        }
-    }
-
-    pub(super) fn describe(
-        request: &RateLimitRequest,
-        planned: &[Planned],
-        statuses: &[DescriptorStatus],
-    ) -> Struct {
-        let mut fields = BTreeMap::new();
-        fields.insert("domain".to_owned(), text(request.domain.clone()));
-        let descriptors = request
-            .descriptors
-            .iter()
-            .map(|d| {
-                let mut fields = BTreeMap::new();
-                let entries = d
-                    .entries
-                    .iter()
-                    .map(|e| text(format!("{}={}", e.key, e.value)))
-                    .collect();
-                fields.insert("entries".to_owned(), list(entries));
-                if let Some(limit) = &d.limit {
-                    let unit =
-                        RateLimitUnit::try_from(limit.unit).map_or("UNKNOWN", |u| u.as_str_name());
-                    fields.insert(
-                        "limit".to_owned(),
-                        text(format!(
-                            "requests_per_unit:{} unit:{unit}",
-                            limit.requests_per_unit
-                        )),
-                    );
-                }
-                if let Some(hits) = d.hits_addend {
-                    fields.insert("hitsAddend".to_owned(), number(hits as f64));
-                }
-                object(fields)
-            })
-            .collect();
-        fields.insert("descriptors".to_owned(), list(descriptors));
-        if request.hits_addend != 0 {
-            fields.insert(
-                "hitsAddend".to_owned(),
-                number(f64::from(request.hits_addend)),
-            );
-        }
-        let mut passed = BTreeMap::new();
-        for (p, s) in planned.iter().zip(statuses) {
-            let limited = p.rule.as_ref().filter(|r| !r.is_unlimited());
-            if let Some(meta) = limited.and_then(|r| r.metadata.as_ref())
-                && s.code != Code::OverLimit as i32
-            {
-                let from = meta
-                    .iter()
-                    .map(|(k, v)| (k.clone(), from_json(v)))
-                    .collect();
-                merge(&mut passed, from);
-            }
-        }
-        if !passed.is_empty() {
-            fields.insert("metadata".to_owned(), object(passed));
-        }
-        Struct { fields }
-    }
 }

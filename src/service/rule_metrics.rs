@@ -3,7 +3,7 @@
 //! failure-mode answer as a decision of the rule.
 
 use super::decider::Decider;
-use super::response::Planned;
+use super::plan::Planned;
 use crate::algorithm::Decision;
 use crate::telemetry::RuleLabels;
 
