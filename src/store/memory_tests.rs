@@ -1,0 +1,118 @@
+//! The memory store's own tests: the cap, the sweep, all or nothing with one descriptor twice.
+
+use super::*;
+use crate::algorithm::{Algorithm, Limit};
+use crate::clock::ManualClock;
+
+fn check(key: String, algorithm: Algorithm) -> Check {
+    Check {
+        key,
+        limit: Limit {
+            algorithm,
+            requests: 10,
+            window_us: 60_000_000,
+            burst: 10,
+        },
+        hits: 1,
+        refund: false,
+        post_paid: false,
+    }
+}
+
+#[test]
+fn one_descriptor_twice_in_an_all_or_nothing_call_is_charged_whole_or_not_at_all() {
+    let store = MemoryStore::new(Arc::new(ManualClock::new(1_763_000_000_000_000)));
+    for algorithm in [
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ] {
+        let mut once = check(format!("{{d|twice={algorithm:?}}}"), algorithm);
+        once.hits = 6;
+        // 6 + 6 of 10: each fits alone, not together.
+        let call = [once.clone(), once.clone()];
+        let answers = store.check_all_at(&call, 1_763_000_000_000_000, ChargeMode::AllOrNothing);
+        assert!(!answers[1].as_ref().unwrap().allowed, "{algorithm:?}");
+        let looked = store.check_all_at(&call[..1], 1_763_000_000_000_000, ChargeMode::Probe);
+        assert_eq!(
+            looked[0].as_ref().unwrap().remaining,
+            10,
+            "{algorithm:?} uncharged"
+        );
+    }
+}
+
+#[test]
+fn idle_descriptors_are_swept_so_memory_follows_live_traffic() {
+    let clock = ManualClock::new(1_763_000_000_000_000);
+    let store = MemoryStore::with_max_counters(Arc::new(clock.clone()), 1_000_000);
+    let algorithms = [
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ];
+    for i in 0..300_000u32 {
+        let c = check(format!("{{d|ip={i}}}"), algorithms[i as usize % 3]);
+        store.check_at(&c, clock.now_us()).unwrap();
+    }
+    assert_eq!(store.len(), 300_000);
+    // Nothing has expired yet: a sweep keeps every live counter.
+    assert_eq!(store.sweep(), 0);
+    // One window and a sub-window later every counter is back to empty and goes.
+    clock.advance_us(61_000_001);
+    let live = check("{d|ip=live}".into(), Algorithm::SlidingWindow);
+    store.check_at(&live, clock.now_us()).unwrap();
+    assert_eq!(store.sweep(), 300_000);
+    assert_eq!(store.len(), 1, "only the descriptor still in use remains");
+}
+
+#[test]
+fn concurrent_checks_on_one_key_admit_exactly_the_limit() {
+    let store = MemoryStore::new(Arc::new(ManualClock::new(1_763_000_000_000_000)));
+    let admitted = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                for _ in 0..100 {
+                    let c = check("{d|k=shared}".into(), Algorithm::SlidingWindow);
+                    if store.check_at(&c, 1_763_000_000_000_000).unwrap().allowed {
+                        admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(admitted.into_inner(), 10);
+}
+
+#[test]
+fn a_full_store_refuses_new_counters_and_keeps_the_live_ones() {
+    let clock = ManualClock::new(1_763_000_000_000_000);
+    let store = MemoryStore::with_max_counters(Arc::new(clock.clone()), SHARDS * 2);
+    // Fill it: keys until one is refused.
+    let mut counted = Vec::new();
+    let refused = (0..10_000u32).find_map(|i| {
+        let c = check(format!("{{d|ip={i}}}"), Algorithm::FixedWindow);
+        match store.check_at(&c, clock.now_us()) {
+            Ok(_) => {
+                counted.push(c);
+                None
+            }
+            Err(e) => Some(e),
+        }
+    });
+    let Some(StoreError::Unavailable(why)) = refused else {
+        panic!("a full store refuses a new counter: {refused:?}");
+    };
+    assert!(why.contains("--memory-max-counters"), "{why}");
+    assert!(store.len() <= SHARDS * 2);
+    // The counters held keep counting: none was evicted to make room.
+    for c in &counted {
+        let d = store.check_at(c, clock.now_us()).unwrap();
+        assert_eq!(d.remaining, 8, "{} kept its count", c.key);
+    }
+    // Once they expire, new descriptors are counted again.
+    clock.advance_us(60_000_001);
+    let fresh = check("{d|ip=after}".into(), Algorithm::FixedWindow);
+    assert!(store.check_at(&fresh, clock.now_us()).unwrap().allowed);
+}
