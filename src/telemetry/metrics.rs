@@ -6,51 +6,15 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RuleLabels {
-    pub domain: String,
-    /// The rule as configured (`domain.key_value.key`); with the request's values when the rule
-    /// says `detailed_metric` (capped by `--max-detailed-series`); the keys only for a limit the
-    /// request carried. Cardinality stays what the rules file and the cap allow.
-    pub rule: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CodeLabels {
-    pub code: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
-    pub kind: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DomainLabels {
-    pub domain: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ModeLabels {
-    pub mode: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ListenerLabels {
-    pub listener: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    pub result: String,
-}
+use super::labels::{
+    CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
+};
 
 /// Registers one metric and remembers the names it is exported under (for tooling that checks
 /// dashboards and alerts against what exists).

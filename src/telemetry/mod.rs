@@ -14,13 +14,14 @@
 pub mod go_names;
 pub mod statsd_mapping;
 
+mod labels;
 mod logs;
 mod metrics;
 mod throttle;
 
-pub use logs::{LogFormat, OtlpProtocol, Telemetry, TracingConfig, init};
-pub use metrics::{
-    CodeLabels, DomainLabels, KindLabels, ListenerLabels, Metrics, ModeLabels, ResultLabels,
-    RuleLabels,
+pub use labels::{
+    CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
 };
+pub use logs::{LogFormat, OtlpProtocol, Telemetry, TracingConfig, init};
+pub use metrics::Metrics;
 pub use throttle::LogThrottle;
