@@ -192,12 +192,12 @@ fn config(requests: u32, valid: bool) -> pb::RateLimitConfig {
 
 fn settings(plane: &Harness, force_start: bool) -> Settings {
     let mut s = Settings::for_tests(std::env::temp_dir().join("portcullis-no-rules-dir"));
-    s.rules_xds_server = Some(plane.addr.to_string());
-    s.rules_xds_node_id = "envoy-ratelimit".into();
-    s.rules_xds_node_metadata = Some("cluster=eg".into());
-    s.rules_xds_headers = Some("x-team:edge".into());
-    s.rules_xds_backoff_initial = Duration::from_millis(20);
-    s.rules_xds_backoff_max = Duration::from_millis(100);
+    s.xds.rules_xds_server = Some(plane.addr.to_string());
+    s.xds.rules_xds_node_id = "envoy-ratelimit".into();
+    s.xds.rules_xds_node_metadata = Some("cluster=eg".into());
+    s.xds.rules_xds_headers = Some("x-team:edge".into());
+    s.xds.rules_xds_backoff_initial = Duration::from_millis(20);
+    s.xds.rules_xds_backoff_max = Duration::from_millis(100);
     s.force_start_without_initial_rules = force_start;
     s
 }
@@ -328,9 +328,9 @@ async fn force_start_serves_before_the_first_rules_and_the_server_may_come_later
     // No control plane yet: the client keeps retrying, the service answers meanwhile.
     let port = common::redis::free_port();
     let mut s = Settings::for_tests(std::env::temp_dir().join("portcullis-no-rules-dir"));
-    s.rules_xds_server = Some(format!("127.0.0.1:{port}"));
-    s.rules_xds_backoff_initial = Duration::from_millis(20);
-    s.rules_xds_backoff_max = Duration::from_millis(100);
+    s.xds.rules_xds_server = Some(format!("127.0.0.1:{port}"));
+    s.xds.rules_xds_backoff_initial = Duration::from_millis(20);
+    s.xds.rules_xds_backoff_max = Duration::from_millis(100);
     s.force_start_without_initial_rules = true;
     let running = tokio::time::timeout(Duration::from_secs(10), start(s).await)
         .await
@@ -370,11 +370,11 @@ async fn mutual_tls_to_the_control_plane() {
     let mut plane = Harness::start(Some(tls)).await;
     let mut s = settings(&plane, false);
     // The certificate names localhost, not the address dialled: --rules-xds-san says which.
-    s.rules_xds_san = Some("localhost".into());
-    s.rules_xds_tls = true;
-    s.rules_xds_ca_file = Some(dir.path().join("ca.crt"));
-    s.rules_xds_cert = Some(dir.path().join("client.crt"));
-    s.rules_xds_key = Some(dir.path().join("client.key"));
+    s.xds.rules_xds_san = Some("localhost".into());
+    s.xds.rules_xds_tls = true;
+    s.xds.rules_xds_ca_file = Some(dir.path().join("ca.crt"));
+    s.xds.rules_xds_cert = Some(dir.path().join("client.crt"));
+    s.xds.rules_xds_key = Some(dir.path().join("client.key"));
     let starting = start(s).await;
     let first = plane.next().await;
     assert_eq!(first.type_url, RULES_TYPE_URL);

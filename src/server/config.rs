@@ -15,8 +15,8 @@ pub(super) fn xds_config(
     server: &str,
 ) -> Result<xds::XdsClientConfig, StartError> {
     let bad = |e: xds::XdsSettingError| StartError::Settings(e.to_string());
-    let tls = if settings.rules_xds_tls {
-        let ca = settings.rules_xds_ca_file.as_ref().ok_or_else(|| {
+    let tls = if settings.xds.rules_xds_tls {
+        let ca = settings.xds.rules_xds_ca_file.as_ref().ok_or_else(|| {
             StartError::Settings(
                 "--rules-xds-tls needs --rules-xds-ca-file (CONFIG_GRPC_XDS_SERVER_TLS_CACERT): \
                  the xDS server's certificate is checked against that CA only"
@@ -26,7 +26,7 @@ pub(super) fn xds_config(
         let mut tls = tonic::transport::ClientTlsConfig::new().ca_certificate(
             tonic::transport::Certificate::from_pem(read_file("--rules-xds-ca-file", ca)?),
         );
-        match (&settings.rules_xds_cert, &settings.rules_xds_key) {
+        match (&settings.xds.rules_xds_cert, &settings.xds.rules_xds_key) {
             (Some(cert), Some(key)) => {
                 tls = tls.identity(tonic::transport::Identity::from_pem(
                     read_file("--rules-xds-cert", cert)?,
@@ -40,7 +40,7 @@ pub(super) fn xds_config(
                 ));
             }
         }
-        if let Some(san) = &settings.rules_xds_san {
+        if let Some(san) = &settings.xds.rules_xds_san {
             tls = tls.domain_name(san.clone());
         }
         Some(tls)
@@ -48,21 +48,21 @@ pub(super) fn xds_config(
         None
     };
     Ok(xds::XdsClientConfig {
-        uri: xds::server_uri(server, settings.rules_xds_tls).map_err(bad)?,
+        uri: xds::server_uri(server, settings.xds.rules_xds_tls).map_err(bad)?,
         node: xds::node(
-            &settings.rules_xds_node_id,
-            settings.rules_xds_node_metadata.as_deref(),
+            &settings.xds.rules_xds_node_id,
+            settings.xds.rules_xds_node_metadata.as_deref(),
         )
         .map_err(bad)?,
-        headers: xds::headers(settings.rules_xds_headers.as_deref()).map_err(bad)?,
+        headers: xds::headers(settings.xds.rules_xds_headers.as_deref()).map_err(bad)?,
         tls,
         backoff: xds::Backoff {
-            initial: settings.rules_xds_backoff_initial,
-            max: settings.rules_xds_backoff_max,
-            random_factor: settings.rules_xds_backoff_random_factor,
-            jitter: settings.rules_xds_backoff_jitter,
+            initial: settings.xds.rules_xds_backoff_initial,
+            max: settings.xds.rules_xds_backoff_max,
+            random_factor: settings.xds.rules_xds_backoff_random_factor,
+            jitter: settings.xds.rules_xds_backoff_jitter,
         },
-        max_message_bytes: settings.rules_xds_max_message_bytes,
+        max_message_bytes: settings.xds.rules_xds_max_message_bytes,
         connect_timeout: Duration::from_secs(10),
     })
 }

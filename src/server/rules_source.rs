@@ -22,7 +22,7 @@ pub(super) async fn start(
     stopped: &tokio::sync::watch::Receiver<bool>,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<(Arc<ArcSwap<Snapshot>>, u64, bool), StartError> {
-    let (snapshot, xds) = match &settings.rules_xds_server {
+    let (snapshot, xds) = match &settings.xds.rules_xds_server {
         None => {
             let snapshot =
                 rules::load_dir(&settings.config, settings.load_options()).map_err(|source| {
@@ -66,7 +66,7 @@ pub(super) async fn start(
         );
         tasks.push(task);
         if !settings.force_start_without_initial_rules {
-            wait_for_first_rules(applied, &settings.rules_xds_server).await?;
+            wait_for_first_rules(applied, &settings.xds.rules_xds_server).await?;
         }
     }
     Ok((rules, loaded_fingerprint, from_xds))

@@ -13,21 +13,23 @@ use clap::builder::{EnumValueParser, PossibleValuesParser, TypedValueParser};
 
 use crate::algorithm::Algorithm;
 use crate::limiter::FailureMode;
-use crate::rules::LoadOptions;
 use crate::service::HeadersMode;
 use crate::service::admin::Routes;
-use crate::telemetry::{LogFormat, OtlpProtocol, TracingConfig};
+use crate::telemetry::{LogFormat, OtlpProtocol};
 
 mod cli;
 mod defaults;
+mod derived;
 pub mod go;
 mod validate;
 mod values;
+mod xds;
 
 pub use cli::{Cli, Command};
 pub use validate::SettingsError;
 use values::{AlgorithmArg, FailureModeArg, HeadersArg, LogFormatArg};
 pub use values::{Secret, StoreKind, parse_duration, parse_tag};
+pub use xds::XdsSettings;
 
 /// One more HTTP listener and what it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -362,52 +364,9 @@ pub struct Settings {
     /// written for the Go service sets. Running the binary as `ratelimit` does the same.
     #[arg(long, env = "PORTCULLIS_ENV_COMPAT", value_parser = PossibleValuesParser::new(["go"]))]
     pub env_compat: Option<String>,
-    /// Take the rules from an xDS server (state of the world, the `RateLimitConfig` resources
-    /// Envoy Gateway pushes) instead of --config: `host:port` or `http(s)://host:port`.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_SERVER")]
-    pub rules_xds_server: Option<String>,
-    /// The node id this client announces to the xDS server.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_NODE_ID", default_value = "default")]
-    pub rules_xds_node_id: String,
-    /// Node metadata for the xDS server, as `key=value,key=value`.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_NODE_METADATA")]
-    pub rules_xds_node_metadata: Option<String>,
-    /// Headers sent with the xDS stream, as `key:value,key:value`.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_HEADERS", hide_env_values = true)]
-    pub rules_xds_headers: Option<String>,
-    /// TLS to the xDS server.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_TLS")]
-    pub rules_xds_tls: bool,
-    /// PEM CA for the xDS server's certificate.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_CA_FILE")]
-    pub rules_xds_ca_file: Option<PathBuf>,
-    /// PEM client certificate for the xDS server (mTLS), with --rules-xds-key.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_CERT")]
-    pub rules_xds_cert: Option<PathBuf>,
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_KEY")]
-    pub rules_xds_key: Option<PathBuf>,
-    /// The name the xDS server's certificate must carry (default: the server's host).
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_SAN")]
-    pub rules_xds_san: Option<String>,
-    /// First wait before reconnecting to the xDS server.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_BACKOFF_INITIAL", default_value = "1s", value_parser = parse_duration)]
-    pub rules_xds_backoff_initial: Duration,
-    /// Longest wait before reconnecting.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_BACKOFF_MAX", default_value = "60s", value_parser = parse_duration)]
-    pub rules_xds_backoff_max: Duration,
-    /// Each wait is spread by up to this share either way.
-    #[arg(
-        long,
-        env = "PORTCULLIS_RULES_XDS_BACKOFF_RANDOM_FACTOR",
-        default_value_t = 0.5
-    )]
-    pub rules_xds_backoff_random_factor: f64,
-    /// Spread the waits at all.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_BACKOFF_JITTER", default_value_t = true, action = clap::ArgAction::Set)]
-    pub rules_xds_backoff_jitter: bool,
-    /// Largest xDS message accepted, in bytes.
-    #[arg(long, env = "PORTCULLIS_RULES_XDS_MAX_MESSAGE_BYTES", default_value_t = 4 << 20)]
-    pub rules_xds_max_message_bytes: usize,
+    /// Rules over xDS (`--rules-xds-*`).
+    #[command(flatten)]
+    pub xds: XdsSettings,
     /// With xDS: serve before the first rules arrive (every call OK until then) instead of
     /// waiting for them.
     #[arg(long, env = "PORTCULLIS_FORCE_START_WITHOUT_INITIAL_RULES")]
@@ -436,63 +395,5 @@ pub struct Settings {
     pub log_format: LogFormat,
 }
 
-impl Settings {
-    /// How rule files become one set of rules.
-    pub fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            merge_domains: self.merge_domain_config,
-            default_algorithm: self.default_algorithm,
-        }
-    }
-
-    /// Where traces go (Go mode adds its namespace and instance from TRACING_*).
-    pub fn tracing(&self) -> TracingConfig {
-        TracingConfig {
-            endpoint: self.otlp_endpoint.clone().filter(|e| !e.is_empty()),
-            protocol: self.otlp_protocol,
-            service_name: self.otel_service_name.clone(),
-            service_namespace: self.otel_service_namespace.clone(),
-            service_instance_id: self.otel_service_instance_id.clone(),
-            sampling_ratio: self.traces_sampling_ratio,
-        }
-    }
-
-    /// The gRPC request timeout in force.
-    pub fn grpc_request_timeout(&self) -> Duration {
-        self.grpc_request_timeout
-            .unwrap_or(self.store_timeout + Duration::from_secs(1))
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[test]
-    fn secrets_never_reach_debug_output() {
-        assert_eq!(format!("{:?}", Secret("hunter2".into())), "<redacted>");
-    }
-
-    #[test]
-    fn command_line_names_map_onto_the_domain() {
-        let cli = Cli::try_parse_from([
-            "portcullis",
-            "serve",
-            "--failure-mode",
-            "local",
-            "--response-headers",
-            "draft03",
-            "--log-format",
-            "json",
-        ])
-        .expect("parses");
-        let Command::Serve(settings) = cli.command else {
-            panic!("serve expected");
-        };
-        assert_eq!(settings.failure_mode, FailureMode::Local);
-        assert_eq!(settings.response_headers, HeadersMode::Draft03);
-        assert_eq!(settings.log_format, LogFormat::Json);
-        assert!(Cli::try_parse_from(["portcullis", "serve", "--failure-mode", "maybe"]).is_err());
-    }
-}
+mod tests;

@@ -79,14 +79,14 @@ impl Settings {
         );
         duration(
             "--rules-xds-backoff-initial",
-            self.rules_xds_backoff_initial,
+            self.xds.rules_xds_backoff_initial,
             Duration::from_millis(1),
             Duration::from_secs(3600),
         );
         duration(
             "--rules-xds-backoff-max",
-            self.rules_xds_backoff_max,
-            self.rules_xds_backoff_initial,
+            self.xds.rules_xds_backoff_max,
+            self.xds.rules_xds_backoff_initial,
             Duration::from_secs(3600),
         );
         if let Some(age) = self.grpc_max_connection_age {
@@ -97,10 +97,10 @@ impl Settings {
                 Duration::from_secs(365 * 86_400),
             );
         }
-        if !(0.0..=1.0).contains(&self.rules_xds_backoff_random_factor) {
+        if !(0.0..=1.0).contains(&self.xds.rules_xds_backoff_random_factor) {
             problems.push(format!(
                 "--rules-xds-backoff-random-factor {} must be a number from 0 to 1",
-                self.rules_xds_backoff_random_factor
+                self.xds.rules_xds_backoff_random_factor
             ));
         }
         if let Some(ratio) = self.traces_sampling_ratio
@@ -110,10 +110,10 @@ impl Settings {
                 "--traces-sampling-ratio {ratio} must be a number from 0 to 1"
             ));
         }
-        if self.rules_xds_max_message_bytes < 1024 {
+        if self.xds.rules_xds_max_message_bytes < 1024 {
             problems.push(format!(
                 "--rules-xds-max-message-bytes {} must be at least 1024",
-                self.rules_xds_max_message_bytes
+                self.xds.rules_xds_max_message_bytes
             ));
         }
         if let Some(timeout) = self.grpc_request_timeout

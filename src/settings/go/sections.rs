@@ -84,26 +84,28 @@ pub(super) fn rules(r: &mut Reader<'_>, s: &mut Settings) {
     match r.string("CONFIG_TYPE", "FILE").to_uppercase().as_str() {
         "FILE" => {}
         "GRPC_XDS_SOTW" => {
-            s.rules_xds_server = Some(r.string("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"));
-            s.rules_xds_node_id = r.string("CONFIG_GRPC_XDS_NODE_ID", "default");
-            s.rules_xds_node_metadata = r.get("CONFIG_GRPC_XDS_NODE_METADATA");
-            s.rules_xds_headers = r.get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS");
-            s.rules_xds_tls = r.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", false);
-            s.rules_xds_ca_file = r
+            s.xds.rules_xds_server =
+                Some(r.string("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"));
+            s.xds.rules_xds_node_id = r.string("CONFIG_GRPC_XDS_NODE_ID", "default");
+            s.xds.rules_xds_node_metadata = r.get("CONFIG_GRPC_XDS_NODE_METADATA");
+            s.xds.rules_xds_headers = r.get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS");
+            s.xds.rules_xds_tls = r.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", false);
+            s.xds.rules_xds_ca_file = r
                 .get("CONFIG_GRPC_XDS_SERVER_TLS_CACERT")
                 .map(PathBuf::from);
-            s.rules_xds_cert = r.get("CONFIG_GRPC_XDS_CLIENT_TLS_CERT").map(PathBuf::from);
-            s.rules_xds_key = r.get("CONFIG_GRPC_XDS_CLIENT_TLS_KEY").map(PathBuf::from);
-            s.rules_xds_san = r.get("CONFIG_GRPC_XDS_SERVER_TLS_SAN");
-            s.rules_xds_backoff_initial = r.duration(
+            s.xds.rules_xds_cert = r.get("CONFIG_GRPC_XDS_CLIENT_TLS_CERT").map(PathBuf::from);
+            s.xds.rules_xds_key = r.get("CONFIG_GRPC_XDS_CLIENT_TLS_KEY").map(PathBuf::from);
+            s.xds.rules_xds_san = r.get("CONFIG_GRPC_XDS_SERVER_TLS_SAN");
+            s.xds.rules_xds_backoff_initial = r.duration(
                 "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
                 Duration::from_secs(10),
             );
-            s.rules_xds_backoff_max =
+            s.xds.rules_xds_backoff_max =
                 r.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Duration::from_secs(60));
-            s.rules_xds_backoff_random_factor = r.number("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", 0.5);
-            s.rules_xds_backoff_jitter = r.bool("XDS_CLIENT_BACKOFF_JITTER", true);
-            s.rules_xds_max_message_bytes =
+            s.xds.rules_xds_backoff_random_factor =
+                r.number("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", 0.5);
+            s.xds.rules_xds_backoff_jitter = r.bool("XDS_CLIENT_BACKOFF_JITTER", true);
+            s.xds.rules_xds_max_message_bytes =
                 r.number("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", 4 * 1024 * 1024);
             s.force_start_without_initial_rules =
                 r.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false);

@@ -139,12 +139,18 @@ fn envoy_gateways_environment_takes_rules_over_xds() {
         ]),
     )
     .unwrap();
-    assert_eq!(s.rules_xds_server.as_deref(), Some("envoy-gateway:18001"));
-    assert_eq!(s.rules_xds_node_id, "envoy-ratelimit");
-    assert!(s.rules_xds_tls && s.force_start_without_initial_rules);
-    assert_eq!(s.rules_xds_ca_file, Some(PathBuf::from("/certs/ca.crt")));
-    assert_eq!(s.rules_xds_cert, Some(PathBuf::from("/certs/tls.crt")));
-    assert_eq!(s.rules_xds_backoff_initial, Duration::from_secs(10));
+    assert_eq!(
+        s.xds.rules_xds_server.as_deref(),
+        Some("envoy-gateway:18001")
+    );
+    assert_eq!(s.xds.rules_xds_node_id, "envoy-ratelimit");
+    assert!(s.xds.rules_xds_tls && s.force_start_without_initial_rules);
+    assert_eq!(
+        s.xds.rules_xds_ca_file,
+        Some(PathBuf::from("/certs/ca.crt"))
+    );
+    assert_eq!(s.xds.rules_xds_cert, Some(PathBuf::from("/certs/tls.crt")));
+    assert_eq!(s.xds.rules_xds_backoff_initial, Duration::from_secs(10));
     assert_eq!(s.grpc_tls_cert, Some(PathBuf::from("/certs/tls.crt")));
     // The Go service reads no GRPC_SERVER_TLS_CA_CERT: clients are not asked for certificates.
     assert_eq!(s.grpc_tls_client_ca, None);
