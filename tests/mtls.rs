@@ -9,24 +9,6 @@ use portcullis::pb::rate_limit_response::Code;
 
 const OK: i32 = Code::Ok as i32;
 
-const RULES: &str = r#"
-domain: m
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 4}
-  - key: trial
-    shadow_mode: true
-    rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: tenant
-    detailed_metric: true
-    rate_limit: {unit: hour, requests_per_unit: 10}
-  - key: path
-    value: /api/*
-    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
-  - key: free
-    rate_limit: {unlimited: true}
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_over_mtls_with_certificates_rotated_without_a_restart() {
     use common::tls::{make_ca, make_leaf};
@@ -45,7 +27,7 @@ async fn grpc_over_mtls_with_certificates_rotated_without_a_restart() {
     std::fs::copy(d.join("server1.key"), d.join("tls.key")).unwrap();
 
     let rules = tempfile::tempdir().unwrap();
-    std::fs::write(rules.path().join("m.yaml"), RULES).unwrap();
+    std::fs::write(rules.path().join("m.yaml"), common::OPERATIONS_RULES).unwrap();
     let mut settings = portcullis::settings::Settings::for_tests(rules.path().to_path_buf());
     settings.grpc_tls_cert = Some(d.join("tls.crt"));
     settings.grpc_tls_key = Some(d.join("tls.key"));

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::process::ServeProcess;
@@ -12,38 +11,15 @@ use portcullis::pb::rate_limit_response::Code;
 
 const OK: i32 = Code::Ok as i32;
 
-/// A minimal HTTP/1.1 client: (status, body).
-async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    common::http(addr.port(), method, path, body).await
-}
+use common::http_at as http;
 
-fn admin(server: &TestServer) -> SocketAddr {
-    server.running.as_ref().unwrap().admin_addr
-}
+use common::admin_addr as admin;
 
 use common::sample;
 
-const RULES: &str = r#"
-domain: m
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 4}
-  - key: trial
-    shadow_mode: true
-    rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: tenant
-    detailed_metric: true
-    rate_limit: {unit: hour, requests_per_unit: 10}
-  - key: path
-    value: /api/*
-    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
-  - key: free
-    rate_limit: {unlimited: true}
-"#;
-
 #[tokio::test]
 async fn metrics_count_exactly_the_traffic_sent() {
-    let server = TestServer::start(&[("m.yaml", RULES)]).await;
+    let server = TestServer::start(&[("m.yaml", common::OPERATIONS_RULES)]).await;
     // user: 4 allowed (the 4th ends above 80% of the limit), 2 refused.
     for _ in 0..6 {
         server.ok(request("m", &[&[("user", "u1")]])).await;
@@ -158,7 +134,7 @@ async fn metrics_count_exactly_the_traffic_sent() {
 async fn traces_go_to_the_otlp_collector_under_envoys_traceparent() {
     let (collector, collector_addr, stop_collector) = otlp::start().await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("m.yaml"), RULES).unwrap();
+    std::fs::write(dir.path().join("m.yaml"), common::OPERATIONS_RULES).unwrap();
     let envs = [
         (
             "OTEL_EXPORTER_OTLP_ENDPOINT",

@@ -3,41 +3,20 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::TestServer;
 
-/// A minimal HTTP/1.1 client: (status, body).
-async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    common::http(addr.port(), method, path, body).await
-}
+use common::http_at as http;
 
-fn admin(server: &TestServer) -> SocketAddr {
-    server.running.as_ref().unwrap().admin_addr
-}
-
-const RULES: &str = r#"
-domain: m
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 4}
-  - key: trial
-    shadow_mode: true
-    rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: tenant
-    detailed_metric: true
-    rate_limit: {unit: hour, requests_per_unit: 10}
-  - key: path
-    value: /api/*
-    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
-  - key: free
-    rate_limit: {unlimited: true}
-"#;
+use common::admin_addr as admin;
 
 #[tokio::test]
 async fn health_readiness_rlconfig_and_json() {
-    let server = TestServer::start_with(&[("m.yaml", RULES)], |s| s.admin_json = true).await;
+    let server = TestServer::start_with(&[("m.yaml", common::OPERATIONS_RULES)], |s| {
+        s.admin_json = true
+    })
+    .await;
     let addr = admin(&server);
     assert_eq!(
         http(addr, "GET", "/healthz", "").await,
@@ -89,7 +68,7 @@ async fn health_readiness_rlconfig_and_json() {
 async fn readiness_reports_an_unreachable_store_and_fails_only_when_asked_to() {
     let port = common::redis::free_port();
     for requires in [false, true] {
-        let server = TestServer::start_with(&[("m.yaml", RULES)], |s| {
+        let server = TestServer::start_with(&[("m.yaml", common::OPERATIONS_RULES)], |s| {
             s.store = portcullis::settings::StoreKind::Redis;
             s.redis_url = Some(format!("redis://127.0.0.1:{port}"));
             s.store_timeout = Duration::from_millis(200);

@@ -256,7 +256,7 @@ async fn the_production_path_reads_redis_time_not_the_callers_clock() {
 #[tokio::test]
 async fn every_key_has_a_ttl_no_longer_than_its_rule_and_hostile_descriptors_never_share_one() {
     let redis = RedisServer::start();
-    let server = TestServer::start_with(&[("h.yaml", HOSTILE_RULES)], |s| {
+    let server = TestServer::start_with(&[("h.yaml", common::redis::HOSTILE_RULES)], |s| {
         common::redis::redis_settings(s, &redis);
         // Above the default cap, to show that even a long value keeps its own key.
         s.max_string_bytes = 64 * 1024;
@@ -312,17 +312,6 @@ async fn every_key_has_a_ttl_no_longer_than_its_rule_and_hostile_descriptors_nev
     }
     server.stop().await;
 }
-
-const HOSTILE_RULES: &str = r#"
-domain: hostile
-descriptors:
-  - key: sliding
-    rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: bucket
-    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket}
-  - key: fixed
-    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
-"#;
 
 /// The scripts against the model on the edges of every parameter, proptest-driven: limits and
 /// bursts up to Envoy's `u32::MAX`, every unit up to a year, hits of zero, one, the whole

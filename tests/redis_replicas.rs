@@ -15,21 +15,10 @@ use portcullis::settings::{Settings, StoreKind};
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 
-const HOSTILE_RULES: &str = r#"
-domain: hostile
-descriptors:
-  - key: sliding
-    rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: bucket
-    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket}
-  - key: fixed
-    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
-"#;
-
 #[tokio::test]
 async fn scripts_are_sent_again_after_the_node_forgets_them() {
     let redis = RedisServer::start();
-    let server = TestServer::start_with(&[("h.yaml", HOSTILE_RULES)], |s| {
+    let server = TestServer::start_with(&[("h.yaml", common::redis::HOSTILE_RULES)], |s| {
         common::redis::redis_settings(s, &redis)
     })
     .await;

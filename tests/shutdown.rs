@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::process::ServeProcess;
@@ -12,28 +11,7 @@ use portcullis::pb::rate_limit_response::Code;
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 
-/// A minimal HTTP/1.1 client: (status, body).
-async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    common::http(addr.port(), method, path, body).await
-}
-
-const RULES: &str = r#"
-domain: m
-descriptors:
-  - key: user
-    rate_limit: {unit: hour, requests_per_unit: 4}
-  - key: trial
-    shadow_mode: true
-    rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: tenant
-    detailed_metric: true
-    rate_limit: {unit: hour, requests_per_unit: 10}
-  - key: path
-    value: /api/*
-    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
-  - key: free
-    rate_limit: {unlimited: true}
-"#;
+use common::http_at as http;
 
 #[tokio::test]
 async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits_0() {
@@ -41,7 +19,7 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("m.yaml"), RULES).unwrap();
+    std::fs::write(dir.path().join("m.yaml"), common::OPERATIONS_RULES).unwrap();
     let mut server = ServeProcess::spawn(dir.path(), &["--drain-period", "1500ms"], &[], &[]);
     let channel = tonic::transport::Channel::from_shared(server.grpc_url())
         .unwrap()

@@ -134,6 +134,41 @@ pub async fn http_with(
     (status, body)
 }
 
+/// Rules of the operating tests (observability, readiness, shutdown, mTLS): a limited key, a
+/// shadow one, a detailed one, a wildcard token bucket and an unlimited one.
+pub const OPERATIONS_RULES: &str = r#"
+domain: m
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 4}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+  - key: free
+    rate_limit: {unlimited: true}
+"#;
+
+/// `http` to a listener's address.
+pub async fn http_at(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    http(addr.port(), method, path, body).await
+}
+
+/// The admin listener's address of an in-process server.
+pub fn admin_addr(server: &TestServer) -> std::net::SocketAddr {
+    server.running.as_ref().unwrap().admin_addr
+}
+
 /// README.md and every page of docs/, as one text: the examples a user copies from any of them.
 pub fn docs() -> String {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -461,3 +461,15 @@ pub async fn plain_connection(port: u16) -> redis::aio::MultiplexedConnection {
         .await
         .expect("connected")
 }
+
+/// Rules whose values clients choose, for the tests that feed them hostile descriptors.
+pub const HOSTILE_RULES: &str = r#"
+domain: hostile
+descriptors:
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket}
+  - key: fixed
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
+"#;
