@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::Metrics;
+use super::statsd_mapping::{escape_label, escape_name};
 
 /// One sample of our exposition: name, labels, value.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,26 +237,6 @@ fn map_rule_stat(stat_key: &str, stat: &str) -> (String, Vec<(&'static str, Stri
             Vec::new(),
         ),
     }
-}
-
-/// statsd_exporter's escaping of an unmapped name: anything but `[a-zA-Z0-9_]` becomes `_`.
-fn escape_name(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-fn escape_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// The Prometheus exposition the Go service's Prometheus sink would serve for our counts.

@@ -196,7 +196,8 @@ pub fn escape_name(name: &str) -> String {
         .collect()
 }
 
-fn escape_label(value: &str) -> String {
+/// A label value in the exposition's quoting.
+pub(super) fn escape_label(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
