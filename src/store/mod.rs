@@ -110,6 +110,23 @@ pub struct SharedFactors {
 pub type FactorsFuture<'a> =
     Pin<Box<dyn Future<Output = Result<SharedFactors, StoreError>> + Send + 'a>>;
 
+/// Answers given by parts (each the indices it answered, and its answers in that order) put back
+/// in the call's order; a check no part answered is a protocol error.
+pub fn in_call_order<T>(
+    len: usize,
+    parts: impl IntoIterator<Item = (Vec<usize>, Vec<Result<T, StoreError>>)>,
+) -> Vec<Result<T, StoreError>> {
+    let mut out: Vec<Option<Result<T, StoreError>>> = (0..len).map(|_| None).collect();
+    for (indices, answers) in parts {
+        for (i, answer) in indices.into_iter().zip(answers) {
+            out[i] = Some(answer);
+        }
+    }
+    out.into_iter()
+        .map(|a| a.unwrap_or_else(|| Err(StoreError::Protocol("an answer is missing".into()))))
+        .collect()
+}
+
 /// The same error for every check: a failure of the whole call.
 pub fn all_failed(checks: usize, error: StoreError) -> Answers {
     vec![Err(error); checks]

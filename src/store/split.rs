@@ -11,7 +11,7 @@
 
 use tokio::time::Instant;
 
-use super::{Answers, FactorsFuture, PingFuture, Store, StoreError, StoreFuture};
+use super::{Answers, FactorsFuture, PingFuture, Store, StoreError, StoreFuture, in_call_order};
 use crate::algorithm::{ChargeMode, Check};
 
 /// The window of a per-second limit.
@@ -50,18 +50,7 @@ impl SplitStore {
             )
             .await
         };
-        let mut out: Vec<Option<Result<_, StoreError>>> = (0..checks.len()).map(|_| None).collect();
-        for (i, answer) in fast.into_iter().zip(fast_answers) {
-            out[i] = Some(answer);
-        }
-        for (i, answer) in slow.into_iter().zip(slow_answers) {
-            out[i] = Some(answer);
-        }
-        out.into_iter()
-            .map(|a| {
-                a.unwrap_or_else(|| Err(StoreError::Protocol("a store answered too little".into())))
-            })
-            .collect()
+        in_call_order(checks.len(), [(fast, fast_answers), (slow, slow_answers)])
     }
 
     /// The per-second checks all or nothing, then the others only if those all passed; a
@@ -128,15 +117,7 @@ impl SplitStore {
             self.main.check(&pick(&looked), deadline, ChargeMode::Probe),
         )
         .await;
-        let mut out: Vec<Option<Result<_, StoreError>>> = (0..checks.len()).map(|_| None).collect();
-        for (i, answer) in applied.into_iter().zip(a).chain(looked.into_iter().zip(l)) {
-            out[i] = Some(answer);
-        }
-        out.into_iter()
-            .map(|a| {
-                a.unwrap_or_else(|| Err(StoreError::Protocol("a store answered too little".into())))
-            })
-            .collect()
+        in_call_order(checks.len(), [(applied, a), (looked, l)])
     }
 }
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::script::{self, KeyReply, ScriptClock};
 use super::{RedisStore, cluster_batch};
 use crate::algorithm::{ChargeMode, Check};
-use crate::store::StoreError;
+use crate::store::{StoreError, in_call_order};
 
 /// The checks of each slot (by their Redis keys' hash tags), as indices in `checks`: slots in
 /// order of first appearance, checks in order within each.
@@ -62,16 +62,8 @@ impl RedisStore {
             }
         });
         let answered = join_all(calls).await;
-        let mut replies: Vec<Option<KeyReply>> = (0..checks.len()).map(|_| None).collect();
-        for ((_, members), values) in groups.iter().zip(answered) {
-            for (&i, value) in members.iter().zip(values) {
-                replies[i] = Some(value);
-            }
-        }
-        replies
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(StoreError::Protocol("a reply is missing".into()))))
-            .collect()
+        let parts = groups.into_iter().map(|(_, members)| members).zip(answered);
+        in_call_order(checks.len(), parts)
     }
 
     /// Checks whose keys share `slot`, as one call in the next script call of that slot's node
