@@ -255,4 +255,6 @@ pub(crate) fn us(duration_us: u64) -> Duration {
 }
 
 #[cfg(test)]
+mod edge_tests;
+#[cfg(test)]
 mod model_tests;

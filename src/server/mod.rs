@@ -5,6 +5,7 @@
 //! end-to-end tests start the server the same way. Nothing below this floor reads `Settings`.
 
 mod config;
+mod grpc;
 pub mod listen;
 mod readiness;
 pub mod reload;
@@ -27,17 +28,13 @@ use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::algorithm::ChargeMode;
 use crate::clock::Clock;
 use crate::pb::RateLimitServiceServer;
 use crate::rules::RulesError;
 use crate::service::admin::Routes;
-use crate::service::{Decider, HeaderNames, RlsService, ServiceConfig, admin};
+use crate::service::{Decider, RlsService, admin};
 use crate::settings::Settings;
 use crate::telemetry::Metrics;
-use crate::telemetry::statsd_mapping::StatsdMapping;
-
-use self::config::tls_files;
 
 /// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
 /// written for it ask for this name.
@@ -124,30 +121,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         rules_source::start(settings, &metrics, &stopped, &mut tasks).await?;
 
     let limiter = Arc::new(store::limiter(settings, &clock, &metrics)?);
-    let config = ServiceConfig {
-        response_headers: settings.response_headers,
-        header_names: HeaderNames {
-            limit: settings.header_limit_name.clone(),
-            remaining: settings.header_remaining_name.clone(),
-            reset: settings.header_reset_name.clone(),
-        },
-        global_shadow_mode: settings.shadow_mode,
-        global_quota_mode: settings.quota_mode,
-        charge: if settings.stop_charging_when_over {
-            ChargeMode::AllOrNothing
-        } else {
-            ChargeMode::EachAlone
-        },
-        dynamic_metadata: settings.response_dynamic_metadata,
-        override_algorithm: settings.override_algorithm,
-        // The Go service counts every hit, refused or not (INCRBY, then compare), unless told to
-        // stop charging over the limit: drop-in mode counts the same, so Go rules keep meaning.
-        post_paid_everywhere: settings.env_compat.as_deref() == Some("go")
-            && !settings.stop_charging_when_over,
-        max_descriptors: settings.max_descriptors,
-        max_entries: settings.max_entries,
-        max_string_bytes: settings.max_string_bytes,
-    };
+    let config = config::service_config(settings);
     // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the
     // store's temporary factors, read once now and every reload interval after.
     let (scaling_fingerprint, scaling_file) = match &settings.scaling_file {
@@ -231,93 +205,18 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         extra_listeners.push((listener, routes));
     }
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimitServiceServer<RlsService>>()
-        .await;
-    health
-        .set_service_status(GO_HEALTH_SERVICE, ServingStatus::Serving)
-        .await;
-    health
-        .set_service_status(LIVENESS_HEALTH_SERVICE, ServingStatus::Serving)
-        .await;
-    let rls = RateLimitServiceServer::new(RlsService::new(decider.clone(), settings.max_in_flight))
-        .max_decoding_message_size(settings.max_message_bytes);
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(age) = settings.grpc_max_connection_age {
-        builder = builder.max_connection_age(age);
-    }
-    if let Some(grace) = settings.grpc_max_connection_age_grace {
-        builder = builder.max_connection_age_grace(grace);
-    }
-    let router = builder
-        .max_concurrent_streams(settings.grpc_max_concurrent_streams)
-        .http2_keepalive_interval(Some(settings.grpc_keepalive_interval))
-        .http2_keepalive_timeout(Some(settings.grpc_keepalive_timeout))
-        .timeout(settings.grpc_request_timeout())
-        .add_service(health_service)
-        .add_service(rls);
-    let grpc_stopped = wait_for_stop(stopped.clone());
-    let grpc_task = match tls_files(settings)? {
-        None => {
-            let incoming = listen::tcp_incoming(grpc_listener, metrics.clone(), stopped.clone());
-            tokio::spawn(async move {
-                if let Err(e) = router
-                    .serve_with_incoming_shutdown(incoming, grpc_stopped)
-                    .await
-                {
-                    tracing::error!(error = %e, "gRPC server failed");
-                }
-            })
-        }
-        Some(files) => {
-            let (certificate, loaded) =
-                tls::TlsWatch::load(files).map_err(|e| StartError::Settings(e.to_string()))?;
-            let certificate = Arc::new(certificate);
-            let incoming = tls::incoming(
-                grpc_listener,
-                certificate.current.clone(),
-                certificate.client_san(),
-                metrics.clone(),
-                stopped.clone(),
-            );
-            tasks.push(watch::spawn(
-                certificate,
-                loaded,
-                settings.reload_interval,
-                stopped.clone(),
-            ));
-            tokio::spawn(async move {
-                if let Err(e) = router
-                    .serve_with_incoming_shutdown(incoming, grpc_stopped)
-                    .await
-                {
-                    tracing::error!(error = %e, "gRPC server failed");
-                }
-            })
-        }
-    };
+    let (health, grpc_task) = grpc::serve(
+        settings,
+        grpc_listener,
+        decider.clone(),
+        &metrics,
+        &stopped,
+        &mut tasks,
+    )
+    .await?;
 
     let draining = Arc::new(AtomicBool::new(false));
-    // A custom statsd_exporter mapping for the Go-named series: read now, refused whole.
-    let go_mapping = match &settings.go_metrics_mapping {
-        None => None,
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                StartError::Settings(format!(
-                    "the statsd_exporter mapping {} cannot be read: {e}",
-                    path.display()
-                ))
-            })?;
-            let mapping = StatsdMapping::parse(&text).map_err(|e| {
-                StartError::Settings(format!(
-                    "the statsd_exporter mapping {} is refused: {e}",
-                    path.display()
-                ))
-            })?;
-            Some(Arc::new(mapping))
-        }
-    };
+    let go_mapping = config::go_mapping(settings)?;
     let admin_state = admin::AdminState {
         rules: rules.clone(),
         limiter,

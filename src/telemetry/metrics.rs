@@ -15,25 +15,8 @@ use prometheus_client::registry::Registry;
 use super::labels::{
     CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
 };
-
-/// Registers one metric and remembers the names it is exported under (for tooling that checks
-/// dashboards and alerts against what exists).
-fn register<M>(registry: &mut Registry, names: &mut Vec<String>, name: &str, help: &str, metric: M)
-where
-    M: prometheus_client::registry::Metric,
-{
-    let full = format!("portcullis_{name}");
-    match metric.metric_type() {
-        prometheus_client::metrics::MetricType::Counter => names.push(format!("{full}_total")),
-        prometheus_client::metrics::MetricType::Histogram => {
-            for suffix in ["_bucket", "_sum", "_count"] {
-                names.push(format!("{full}{suffix}"));
-            }
-        }
-        _ => names.push(full),
-    }
-    registry.register(name, help, metric);
-}
+use super::process::ProcessGauges;
+use super::register::register;
 
 /// Every metric Portcullis exports, registered once; cheap to update from the request path.
 /// docs/operating.md lists each with its envoyproxy/ratelimit counterpart.
@@ -68,13 +51,8 @@ pub struct Metrics {
     /// The domains `scaling_factor` has a series for (so a removed domain's goes).
     pub scaling_domains: Mutex<HashSet<String>>,
     pub scaling_reloads: Family<ResultLabels, Counter>,
-    /// Read when scraped: a task, descriptor or memory leak shows as a line that only climbs.
-    runtime_alive_tasks: Gauge,
-    process_open_fds: Gauge,
-    process_resident_memory_bytes: Gauge,
-    /// Counters the memory store holds over its cap, read when scraped (0 on Redis).
-    memory_store_fill_ratio: Gauge<f64, AtomicU64>,
-    memory_fill: std::sync::OnceLock<Box<dyn Fn() -> f64 + Send + Sync>>,
+    /// Read when scraped: tasks, descriptors, memory, the memory store's fill.
+    process: ProcessGauges,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
     /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
@@ -114,11 +92,7 @@ impl Metrics {
             scaling_factor: Family::default(),
             scaling_domains: Mutex::new(HashSet::new()),
             scaling_reloads: Family::default(),
-            runtime_alive_tasks: Gauge::default(),
-            process_open_fds: Gauge::default(),
-            process_resident_memory_bytes: Gauge::default(),
-            memory_store_fill_ratio: Gauge::default(),
-            memory_fill: std::sync::OnceLock::new(),
+            process: ProcessGauges::default(),
             near_limit_ratio,
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
@@ -294,34 +268,7 @@ impl Metrics {
             "Scaling file reloads by result (success, error)",
             m.scaling_reloads.clone(),
         );
-        register(
-            &mut registry,
-            &mut names,
-            "runtime_alive_tasks",
-            "Tokio tasks alive when scraped (calls in progress, connections, background work)",
-            m.runtime_alive_tasks.clone(),
-        );
-        register(
-            &mut registry,
-            &mut names,
-            "process_open_fds",
-            "File descriptors this process holds when scraped (listeners, connections, files)",
-            m.process_open_fds.clone(),
-        );
-        register(
-            &mut registry,
-            &mut names,
-            "process_resident_memory_bytes",
-            "Resident memory of this process when scraped (VmRSS)",
-            m.process_resident_memory_bytes.clone(),
-        );
-        register(
-            &mut registry,
-            &mut names,
-            "memory_store_fill_ratio",
-            "Counters the memory store holds over --memory-max-counters, when scraped (at 1 new descriptors are answered by the failure mode)",
-            m.memory_store_fill_ratio.clone(),
-        );
+        m.process.register(&mut registry, &mut names);
         Metrics {
             registry,
             names,
@@ -353,7 +300,7 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
-        self.sample_process();
+        self.process.sample();
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -362,32 +309,7 @@ impl Metrics {
 
     /// Reads the memory store's fill ratio when scraped (set once, by the server that built it).
     pub fn watch_memory_fill(&self, fill: Box<dyn Fn() -> f64 + Send + Sync>) {
-        let _ = self.memory_fill.set(fill);
-    }
-
-    /// The gauges read from the runtime and `/proc` rather than kept up to date.
-    fn sample_process(&self) {
-        if let Some(fill) = self.memory_fill.get() {
-            self.memory_store_fill_ratio.set(fill());
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let tasks = handle.metrics().num_alive_tasks();
-            self.runtime_alive_tasks
-                .set(i64::try_from(tasks).unwrap_or(i64::MAX));
-        }
-        if let Ok(entries) = std::fs::read_dir("/proc/self/fd") {
-            // The directory handle reading the list is one of the entries: not counted.
-            let fds = entries.count().saturating_sub(1);
-            self.process_open_fds
-                .set(i64::try_from(fds).unwrap_or(i64::MAX));
-        }
-        if let Some(kib) = std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|status| resident_kib(&status))
-        {
-            self.process_resident_memory_bytes
-                .set(i64::try_from(kib.saturating_mul(1024)).unwrap_or(i64::MAX));
-        }
+        self.process.watch_memory_fill(fill);
     }
 
     pub fn rules_loaded(&self, at: std::time::SystemTime) {
@@ -396,15 +318,6 @@ impl Metrics {
             .map_or(0.0, |d| d.as_secs_f64());
         self.rules_loaded_timestamp.set(secs);
     }
-}
-
-/// `VmRSS:   1234 kB` from `/proc/self/status`.
-fn resident_kib(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
 }
 
 impl Default for Metrics {

@@ -17,6 +17,8 @@ pub mod statsd_mapping;
 mod labels;
 mod logs;
 mod metrics;
+mod process;
+mod register;
 mod throttle;
 
 pub use labels::{

@@ -1,0 +1,98 @@
+//! The gRPC listener: `ShouldRateLimit` and `grpc.health.v1` behind the connection limits and
+//! keepalives the flags set, in plain TCP or TLS (the certificate watched and reloaded). It must
+//! never decide anything itself: requests go to the decider it is handed.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch::Receiver;
+use tokio::task::JoinHandle;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::pb::RateLimitServiceServer;
+use crate::service::{Decider, RlsService};
+use crate::settings::Settings;
+use crate::telemetry::Metrics;
+
+use super::config::tls_files;
+use super::{GO_HEALTH_SERVICE, LIVENESS_HEALTH_SERVICE, StartError, listen, tls, watch};
+
+/// Starts serving gRPC on `grpc_listener` until `stopped`; returns the health reporter (readiness
+/// and drains flip it) and the server's task. The certificate watcher, if any, joins `tasks`.
+pub(super) async fn serve(
+    settings: &Settings,
+    grpc_listener: TcpListener,
+    decider: Arc<Decider>,
+    metrics: &Arc<Metrics>,
+    stopped: &Receiver<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<(HealthReporter, JoinHandle<()>), StartError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<RlsService>>()
+        .await;
+    health
+        .set_service_status(GO_HEALTH_SERVICE, ServingStatus::Serving)
+        .await;
+    health
+        .set_service_status(LIVENESS_HEALTH_SERVICE, ServingStatus::Serving)
+        .await;
+    let rls = RateLimitServiceServer::new(RlsService::new(decider, settings.max_in_flight))
+        .max_decoding_message_size(settings.max_message_bytes);
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(age) = settings.grpc_max_connection_age {
+        builder = builder.max_connection_age(age);
+    }
+    if let Some(grace) = settings.grpc_max_connection_age_grace {
+        builder = builder.max_connection_age_grace(grace);
+    }
+    let router = builder
+        .max_concurrent_streams(settings.grpc_max_concurrent_streams)
+        .http2_keepalive_interval(Some(settings.grpc_keepalive_interval))
+        .http2_keepalive_timeout(Some(settings.grpc_keepalive_timeout))
+        .timeout(settings.grpc_request_timeout())
+        .add_service(health_service)
+        .add_service(rls);
+    let grpc_stopped = super::wait_for_stop(stopped.clone());
+    let grpc_task = match tls_files(settings)? {
+        None => {
+            let incoming = listen::tcp_incoming(grpc_listener, metrics.clone(), stopped.clone());
+            tokio::spawn(async move {
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, grpc_stopped)
+                    .await
+                {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            })
+        }
+        Some(files) => {
+            let (certificate, loaded) =
+                tls::TlsWatch::load(files).map_err(|e| StartError::Settings(e.to_string()))?;
+            let certificate = Arc::new(certificate);
+            let incoming = tls::incoming(
+                grpc_listener,
+                certificate.current.clone(),
+                certificate.client_san(),
+                metrics.clone(),
+                stopped.clone(),
+            );
+            tasks.push(watch::spawn(
+                certificate,
+                loaded,
+                settings.reload_interval,
+                stopped.clone(),
+            ));
+            tokio::spawn(async move {
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, grpc_stopped)
+                    .await
+                {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            })
+        }
+    };
+    Ok((health, grpc_task))
+}
