@@ -16,6 +16,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod limiter;
 pub mod pb;
+pub mod review;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -7,8 +7,9 @@ use clap::Parser;
 
 use portcullis::algorithm::Algorithm;
 use portcullis::clock::SystemClock;
-use portcullis::rules::scaling::Scaling;
-use portcullis::rules::{self, LoadOptions, Lookup, MatchKind};
+use portcullis::review::commands;
+use portcullis::review::explain::Call;
+use portcullis::rules::LoadOptions;
 use portcullis::settings::{self, Cli, Command, Settings};
 use portcullis::{server, telemetry};
 
@@ -43,20 +44,61 @@ fn main() -> ExitCode {
         Command::Check {
             dir,
             merge_domain_config,
-        } => check(&dir, options(merge_domain_config)),
+        } => exit(commands::check(
+            &dir,
+            options(merge_domain_config),
+            &mut std::io::stdout(),
+            &mut std::io::stderr(),
+        )),
         Command::Explain {
             config,
             domain,
             entries,
             merge_domain_config,
             scaling_file,
-        } => explain(
-            &config,
-            &domain,
-            &entries,
+        } => {
+            let call = Call {
+                domain,
+                descriptor: entries,
+                ..Call::default()
+            };
+            exit(commands::explain(
+                &config,
+                &call,
+                options(merge_domain_config),
+                scaling_file.as_deref(),
+                &mut std::io::stdout(),
+                &mut std::io::stderr(),
+            ))
+        }
+        Command::Test {
+            rules,
+            tests,
+            junit,
+            merge_domain_config,
+        } => exit(commands::test(
+            &rules,
+            &tests,
             options(merge_domain_config),
-            scaling_file.as_deref(),
-        ),
+            junit.as_deref(),
+            &mut std::io::stdout(),
+            &mut std::io::stderr(),
+        )),
+        Command::Diff {
+            old,
+            new,
+            tests,
+            json,
+            merge_domain_config,
+        } => exit(commands::diff(
+            &old,
+            &new,
+            &tests,
+            options(merge_domain_config),
+            json,
+            &mut std::io::stdout(),
+            &mut std::io::stderr(),
+        )),
         Command::Ask {
             addr,
             domain,
@@ -148,124 +190,9 @@ fn go_settings(base: Settings) -> Result<Settings, settings::SettingsError> {
     settings::go::from_go_env(base, &settings::go::process_env)
 }
 
-fn check(dir: &std::path::Path, options: LoadOptions) -> ExitCode {
-    match rules::load_dir(dir, options) {
-        Ok(snapshot) => {
-            for warning in snapshot.warnings() {
-                eprintln!("warning: {warning}");
-            }
-            let count = snapshot.rules().len();
-            println!(
-                "{}: {} file(s), {} domain(s), {count} rule(s): OK",
-                dir.display(),
-                snapshot.files.len(),
-                snapshot.domain_names().len()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn explain(
-    config: &std::path::Path,
-    domain: &str,
-    entries: &[(String, String)],
-    options: LoadOptions,
-    scaling_file: Option<&std::path::Path>,
-) -> ExitCode {
-    let scaling = match scaling_file {
-        None => Scaling::default(),
-        Some(path) => {
-            let read = std::fs::read_to_string(path)
-                .map_err(|e| format!("{}: {e}", path.display()))
-                .and_then(|text| rules::scaling::parse_file(path, &text));
-            match read {
-                Ok(file) => Scaling {
-                    file,
-                    ..Scaling::default()
-                },
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::FAILURE;
-                }
-            }
-        }
-    };
-    let snapshot = match rules::load_dir(config, options) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let (lookup, steps) = snapshot.explain(domain, entries);
-    if matches!(lookup, Lookup::UnknownDomain) {
-        println!(
-            "domain {domain:?} is not configured (known: {:?}): every descriptor is OK, not counted",
-            snapshot.domain_names()
-        );
-        return ExitCode::SUCCESS;
-    }
-    for (depth, step) in steps.iter().enumerate() {
-        let how = match &step.matched {
-            None => "no match at this level: the lookup stops here".to_owned(),
-            Some((MatchKind::Exact, src)) => format!("exact value, at {src}"),
-            Some((MatchKind::Wildcard(p), src)) => format!("wildcard {p:?}, at {src}"),
-            Some((MatchKind::Default, src)) => format!("default (no value), at {src}"),
-        };
-        println!("level {}: {}={:?}: {how}", depth + 1, step.key, step.value);
-    }
-    match lookup {
-        Lookup::Rule(resolved) => {
-            println!("rule: {}", resolved.rule.describe());
-            for (index, pattern) in &resolved.shared {
-                println!(
-                    "level {}: share_threshold: every value matching {pattern:?} counts in one counter",
-                    index + 1
-                );
-            }
-            if let Some(name) = &resolved.metric_name {
-                println!("metrics: counted as {name:?}");
-            }
-            explain_scaling(&scaling, domain, resolved.rule);
-        }
-        _ if steps.len() < entries.len() => {
-            println!("no rule: the descriptor is deeper than any rule that matched")
-        }
-        _ => {
-            println!("no rule: nothing configured at this depth; the descriptor is OK, not counted")
-        }
-    }
-    ExitCode::SUCCESS
-}
-
-/// What the scaling file makes of the rule's limits.
-fn explain_scaling(scaling: &Scaling, domain: &str, rule: &rules::Rule) {
-    let Some(limit) = rule.limit.filter(|_| rule.layers.is_empty()) else {
-        for layer in &rule.layers {
-            let factor = scaling.factor(domain, layer.name.as_deref());
-            if factor != 1.0 {
-                let scaled = rules::scaling::scale(&layer.limit, factor);
-                println!(
-                    "scaling: layer {} ×{factor}: {} per {}",
-                    layer.name.as_deref().unwrap_or("(unnamed)"),
-                    scaled.requests,
-                    layer.unit
-                );
-            }
-        }
-        return;
-    };
-    let factor = scaling.factor(domain, rule.name.as_deref());
-    if factor != 1.0 {
-        let scaled = rules::scaling::scale(&limit, factor);
-        let unit = rule.unit.map_or(String::new(), |u| format!(" per {u}"));
-        println!("scaling: ×{factor}: {}{unit}", scaled.requests);
-    }
+/// A rules command's exit code, its output already written.
+fn exit(code: u8) -> ExitCode {
+    ExitCode::from(code)
 }
 
 fn ask(

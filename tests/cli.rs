@@ -1,29 +1,11 @@
 //! The command line as a platform team uses it in CI: `portcullis check` on good and broken rule
 //! directories, and `portcullis explain`.
 
+mod common;
+
+use common::cli::{dir_with, portcullis};
+
 use std::path::Path;
-use std::process::Command;
-
-fn portcullis(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .args(args)
-        .output()
-        .expect("run portcullis");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
-
-fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    for (name, text) in files {
-        std::fs::write(dir.path().join(name), text).expect("write");
-    }
-    dir
-}
 
 #[test]
 fn check_accepts_the_examples() {

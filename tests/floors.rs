@@ -16,6 +16,8 @@ const FLOORS: &[&[&str]] = &[
     &["limiter"],
     // The faces: gRPC, the admin HTTP listener, responses.
     &["service"],
+    // Rules under review (`test`, `diff`, `explain`): the service's own code over the memory store.
+    &["review"],
     // The command line and environment, mapped onto the plain values the floors below take.
     &["settings"],
     // The composition root: builds everything from `Settings`, runs listeners and watchers.

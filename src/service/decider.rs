@@ -67,6 +67,16 @@ impl Decider {
 
     /// Answers one request.
     pub async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let mut planned = self.plan_call(request)?;
+        self.limit(&mut planned).await?;
+        self.count(&request.domain, &planned);
+        Ok(response::build(request, &planned, &self.config))
+    }
+
+    /// What `decide` would count for this request, without counting: each descriptor resolved,
+    /// scaled and with `replaces` applied, exactly as a call is planned. For `portcullis
+    /// explain` and `portcullis test`, so that they answer by the code that serves.
+    pub fn plan_call(&self, request: &RateLimitRequest) -> Result<Vec<Planned>, Status> {
         self.validate(request)?;
         // One snapshot for the whole call: a reload in the middle never mixes two rule sets.
         let rules = self.rules.load_full();
@@ -87,10 +97,7 @@ impl Decider {
             })
             .collect();
         apply_replaces(&mut planned);
-
-        self.limit(&mut planned).await?;
-        self.count(&request.domain, &planned);
-        Ok(response::build(request, &planned, &self.config))
+        Ok(planned)
     }
 
     /// Asks the limiter for every check of the call and records the decisions in `planned`.

@@ -17,4 +17,5 @@ mod validate;
 
 pub use config::{HeaderNames, HeadersMode, ServiceConfig};
 pub use decider::Decider;
+pub use plan::{LayerPlan, Planned};
 pub use rls::RlsService;

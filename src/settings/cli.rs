@@ -47,6 +47,38 @@ pub enum Command {
         #[arg(long, env = "PORTCULLIS_SCALING_FILE")]
         scaling_file: Option<PathBuf>,
     },
+    /// Run rules test files against a rules directory; exit 1 when a case fails, 2 when a test
+    /// file or the rules cannot be used.
+    Test {
+        /// The rules directory (as `serve --config` takes it).
+        rules: PathBuf,
+        /// Test files, or directories of them (.yaml, .yml).
+        #[arg(required = true)]
+        tests: Vec<PathBuf>,
+        /// Also write the results as JUnit XML to this file.
+        #[arg(long)]
+        junit: Option<PathBuf>,
+        /// Merge a domain defined in several files (as `serve --merge-domain-config`).
+        #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
+        merge_domain_config: bool,
+    },
+    /// Say what changes between two rules directories, rule by rule (and case by case with
+    /// --tests); exit 0 when nothing changes, 1 when something does, 2 on invalid input.
+    Diff {
+        /// The rules before the change.
+        old: PathBuf,
+        /// The rules after the change.
+        new: PathBuf,
+        /// Test files or directories whose descriptors and outcomes to compare too.
+        #[arg(long, num_args = 1..)]
+        tests: Vec<PathBuf>,
+        /// JSON for tools instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Merge a domain defined in several files (as `serve --merge-domain-config`).
+        #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
+        merge_domain_config: bool,
+    },
     /// Send one ShouldRateLimit request to a running server and print the answer.
     Ask {
         /// The server's gRPC address.

@@ -197,6 +197,7 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .map_or(0.0, |v| v.trim().parse().expect("a number"))
 }
 
+pub mod cli;
 pub mod envoy;
 pub mod process;
 pub mod proxy;

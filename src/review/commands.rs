@@ -1,0 +1,346 @@
+//! The rules commands as the binary runs them (`check`, `explain`, `test`, `diff`): read the
+//! files, run the review, print, and give the exit code (0 fine, 1 a failure or a change, 2
+//! unusable input). Output goes to the writers handed in, so tests read it without a process.
+//! It must never exit the process itself.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::diff;
+use super::explain::{Call, explain as explain_call, render};
+use super::report::{self, FileResults};
+use super::run::{Bench, Outcome, rule_at};
+use super::spec::{self, TestFile};
+use crate::rules::scaling::{self, Scaling};
+use crate::rules::{self, LoadOptions};
+
+pub const PASS: u8 = 0;
+pub const FAIL: u8 = 1;
+pub const UNUSABLE: u8 = 2;
+
+/// `portcullis check DIR`.
+pub fn check(dir: &Path, options: LoadOptions, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    match rules::load_dir(dir, options) {
+        Ok(snapshot) => {
+            for warning in snapshot.warnings() {
+                let _ = writeln!(err, "warning: {warning}");
+            }
+            let _ = writeln!(
+                out,
+                "{}: {} file(s), {} domain(s), {} rule(s): OK",
+                dir.display(),
+                snapshot.files.len(),
+                snapshot.domain_names().len(),
+                snapshot.rules().len()
+            );
+            PASS
+        }
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            FAIL
+        }
+    }
+}
+
+/// `portcullis explain`: the same explanation `test` checks.
+pub fn explain(
+    dir: &Path,
+    call: &Call,
+    options: LoadOptions,
+    scaling_file: Option<&Path>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let scaling = match scaling_file.map(read_scaling).transpose() {
+        Ok(s) => s.unwrap_or_default(),
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            return FAIL;
+        }
+    };
+    let bench = match load(dir, options) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            return FAIL;
+        }
+    };
+    let clock = crate::clock::ManualClock::new(super::run::SEQUENCE_START_US);
+    let snapshot = bench.snapshot();
+    match explain_call(&bench.decider(&scaling, &clock), &snapshot, call) {
+        Ok(e) => {
+            let _ = write!(out, "{}", render(&e, call, &snapshot, &scaling));
+            PASS
+        }
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            FAIL
+        }
+    }
+}
+
+fn read_scaling(path: &Path) -> Result<Scaling, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = scaling::parse_file(path, &text)?;
+    Ok(Scaling {
+        file,
+        ..Scaling::default()
+    })
+}
+
+fn load(dir: &Path, options: LoadOptions) -> Result<Bench, String> {
+    let snapshot = rules::load_dir(dir, options).map_err(|e| e.to_string())?;
+    Bench::new(Arc::new(snapshot)).map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+/// The test files named: files as given, directories' `.yaml`/`.yml` files (recursively, in
+/// name order).
+fn test_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                !p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                walk(&path, out)?;
+            } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            walk(path, &mut out)?;
+        } else {
+            out.push(path.clone());
+        }
+    }
+    if out.is_empty() {
+        return Err("no test files found (a test file is a .yaml or .yml file)".into());
+    }
+    Ok(out)
+}
+
+/// Reads and checks every test file and its scaling file; all problems at once.
+fn read_tests(paths: &[PathBuf]) -> Result<Vec<(TestFile, Scaling)>, Vec<String>> {
+    let files = test_files(paths).map_err(|e| vec![e])?;
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for path in files {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                problems.push(format!("{}:1: cannot read: {e}", path.display()));
+                continue;
+            }
+        };
+        match spec::parse(&path, &text) {
+            Err(errors) => problems.extend(errors.iter().map(ToString::to_string)),
+            Ok(file) => {
+                let scaling = match &file.scaling {
+                    None => Scaling::default(),
+                    Some((scaling_path, line)) => match read_scaling(scaling_path) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            problems.push(format!("{}:{line}: scaling: {e}", path.display()));
+                            continue;
+                        }
+                    },
+                };
+                out.push((file, scaling));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems)
+    }
+}
+
+/// `portcullis test RULES TESTS... [--junit FILE]`.
+pub fn test(
+    dir: &Path,
+    tests: &[PathBuf],
+    options: LoadOptions,
+    junit: Option<&Path>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let bench = match load(dir, options) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            return UNUSABLE;
+        }
+    };
+    let files = match read_tests(tests) {
+        Ok(f) => f,
+        Err(problems) => {
+            for p in problems {
+                let _ = writeln!(err, "{p}");
+            }
+            return UNUSABLE;
+        }
+    };
+    let results: Vec<FileResults<'_>> = files
+        .iter()
+        .map(|(file, scaling)| FileResults {
+            path: &file.path,
+            outcomes: bench.run_file(file, scaling),
+        })
+        .collect();
+    let _ = write!(out, "{}", report::text(&results));
+    if let Some(path) = junit
+        && let Err(e) = std::fs::write(path, report::junit(&results))
+    {
+        let _ = writeln!(err, "cannot write {}: {e}", path.display());
+        return UNUSABLE;
+    }
+    let failed = results
+        .iter()
+        .flat_map(|f| &f.outcomes)
+        .any(|o| o.failure.is_some());
+    if failed { FAIL } else { PASS }
+}
+
+/// One case whose descriptor meets another rule, or whose outcome changes, between two sets.
+#[derive(Debug, serde::Serialize)]
+struct CaseChange {
+    at: String,
+    case: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule_before: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule_after: Option<String>,
+    passes_before: bool,
+    passes_after: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failure_after: Option<String>,
+}
+
+/// `portcullis diff OLD NEW [--tests TESTS...] [--json]`.
+pub fn diff(
+    old: &Path,
+    new: &Path,
+    tests: &[PathBuf],
+    options: LoadOptions,
+    json: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let loaded = load(old, options).and_then(|o| Ok((o, load(new, options)?)));
+    let (before, after) = match loaded {
+        Ok(pair) => pair,
+        Err(e) => {
+            let _ = writeln!(err, "{e}");
+            return UNUSABLE;
+        }
+    };
+    let files = if tests.is_empty() {
+        Vec::new()
+    } else {
+        match read_tests(tests) {
+            Ok(f) => f,
+            Err(problems) => {
+                for p in problems {
+                    let _ = writeln!(err, "{p}");
+                }
+                return UNUSABLE;
+            }
+        }
+    };
+    let changes = diff::rules(&before.snapshot(), &after.snapshot());
+    let cases = case_changes(&before, &after, &files);
+    if json {
+        let doc = serde_json::json!({ "rules": changes, "cases": cases });
+        let _ = writeln!(out, "{doc:#}");
+    } else {
+        let _ = write!(out, "{}", diff::text(&changes));
+        for c in &cases {
+            let rule = match (&c.rule_before, &c.rule_after) {
+                (a, b) if a != b => format!(
+                    ": meets {} -> {}",
+                    a.as_deref().unwrap_or("no rule"),
+                    b.as_deref().unwrap_or("no rule")
+                ),
+                _ => String::new(),
+            };
+            let outcome = match (c.passes_before, c.passes_after, &c.failure_after) {
+                (true, false, Some(f)) => format!("; now fails: {f}"),
+                (false, true, _) => "; now passes".into(),
+                _ => String::new(),
+            };
+            let _ = writeln!(out, "{}: case {:?}{rule}{outcome}", c.at, c.case);
+        }
+        let _ = writeln!(
+            out,
+            "{} rule change(s), {} test case(s) affected",
+            changes.len(),
+            cases.len()
+        );
+    }
+    if changes.is_empty() && cases.is_empty() {
+        PASS
+    } else {
+        FAIL
+    }
+}
+
+/// The cases whose descriptor meets a different rule (or the same rule, changed), or whose
+/// outcome changes.
+fn case_changes(before: &Bench, after: &Bench, files: &[(TestFile, Scaling)]) -> Vec<CaseChange> {
+    let met = |bench: &Bench, case: &spec::Case, scaling: &Scaling| -> Option<String> {
+        let clock = crate::clock::ManualClock::new(super::run::SEQUENCE_START_US);
+        let call = Call {
+            domain: case.domain.clone(),
+            descriptor: case.descriptor.clone(),
+            limit: case.limit,
+            also: case.also.clone(),
+            ..Call::default()
+        };
+        let snapshot = bench.snapshot();
+        let e = explain_call(&bench.decider(scaling, &clock), &snapshot, &call).ok()?;
+        e.rule()
+            .map(|r| format!("{} ({})", rule_at(r), diff::summary(r)))
+    };
+    // What a rule is, without where it is written: a rule moved in its file is not changed.
+    let what = |met: &Option<String>| {
+        met.as_ref().map(|m| {
+            m.split_once(" at ").map_or(m.clone(), |(key, rest)| {
+                format!("{key}{}", rest.find(" (").map_or("", |i| &rest[i..]))
+            })
+        })
+    };
+    let mut out = Vec::new();
+    for (file, scaling) in files {
+        for case in &file.cases {
+            let (rb, ra) = (met(before, case, scaling), met(after, case, scaling));
+            let ob: Outcome = before.run_case(case, scaling);
+            let oa: Outcome = after.run_case(case, scaling);
+            let (pb, pa) = (ob.failure.is_none(), oa.failure.is_none());
+            let rule_changed = what(&rb) != what(&ra);
+            if rule_changed || pb != pa {
+                out.push(CaseChange {
+                    at: format!("{}:{}", file.path.display(), case.line),
+                    case: case.name.clone(),
+                    rule_before: rb,
+                    rule_after: ra,
+                    passes_before: pb,
+                    passes_after: pa,
+                    failure_after: oa.failure,
+                });
+            }
+        }
+    }
+    out
+}
