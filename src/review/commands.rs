@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::diff;
 use super::explain::{Call, explain as explain_call, render};
 use super::report::{self, FileResults};
-use super::run::{Bench, Outcome, rule_at};
+use super::run::{Bench, Outcome};
 use super::spec::{self, TestFile};
 use crate::rules::scaling::{self, Scaling};
 use crate::rules::{self, LoadOptions};
@@ -213,15 +213,24 @@ pub fn test(
     if failed { FAIL } else { PASS }
 }
 
+/// The rule a case's descriptor meets: its path, where it is written, what it is.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Met {
+    rule: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    at: Option<String>,
+    is: String,
+}
+
 /// One case whose descriptor meets another rule, or whose outcome changes, between two sets.
 #[derive(Debug, serde::Serialize)]
 struct CaseChange {
     at: String,
     case: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    rule_before: Option<String>,
+    rule_before: Option<Met>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    rule_after: Option<String>,
+    rule_after: Option<Met>,
     passes_before: bool,
     passes_after: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -268,12 +277,18 @@ pub fn diff(
         let _ = write!(out, "{}", diff::text(&changes));
         for c in &cases {
             let rule = match (&c.rule_before, &c.rule_after) {
-                (a, b) if a != b => format!(
-                    ": meets {} -> {}",
-                    a.as_deref().unwrap_or("no rule"),
-                    b.as_deref().unwrap_or("no rule")
-                ),
-                _ => String::new(),
+                (Some(a), Some(b)) if a.rule == b.rule && a.is == b.is => String::new(),
+                (Some(a), Some(b)) if a.rule == b.rule => {
+                    format!(": its rule {} changes: {} -> {}", a.rule, a.is, b.is)
+                }
+                (None, None) => String::new(),
+                (a, b) => {
+                    let show = |m: &Option<Met>| {
+                        m.as_ref()
+                            .map_or("no rule".to_owned(), |m| format!("{} ({})", m.rule, m.is))
+                    };
+                    format!(": meets {} -> {}", show(a), show(b))
+                }
             };
             let outcome = match (c.passes_before, c.passes_after, &c.failure_after) {
                 (true, false, Some(f)) => format!("; now fails: {f}"),
@@ -299,7 +314,7 @@ pub fn diff(
 /// The cases whose descriptor meets a different rule (or the same rule, changed), or whose
 /// outcome changes.
 fn case_changes(before: &Bench, after: &Bench, files: &[(TestFile, Scaling)]) -> Vec<CaseChange> {
-    let met = |bench: &Bench, case: &spec::Case, scaling: &Scaling| -> Option<String> {
+    let met = |bench: &Bench, case: &spec::Case, scaling: &Scaling| -> Option<Met> {
         let clock = crate::clock::ManualClock::new(super::run::SEQUENCE_START_US);
         let call = Call {
             domain: case.domain.clone(),
@@ -310,17 +325,14 @@ fn case_changes(before: &Bench, after: &Bench, files: &[(TestFile, Scaling)]) ->
         };
         let snapshot = bench.snapshot();
         let e = explain_call(&bench.decider(scaling, &clock), &snapshot, &call).ok()?;
-        e.rule()
-            .map(|r| format!("{} ({})", rule_at(r), diff::summary(r)))
-    };
-    // What a rule is, without where it is written: a rule moved in its file is not changed.
-    let what = |met: &Option<String>| {
-        met.as_ref().map(|m| {
-            m.split_once(" at ").map_or(m.clone(), |(key, rest)| {
-                format!("{key}{}", rest.find(" (").map_or("", |i| &rest[i..]))
-            })
+        e.rule().map(|r| Met {
+            rule: r.full_key.clone(),
+            at: r.source.as_ref().map(ToString::to_string),
+            is: diff::summary(r),
         })
     };
+    // A rule moved in its file is not a change: compare what it is, not where.
+    let what = |m: &Option<Met>| m.as_ref().map(|m| (m.rule.clone(), m.is.clone()));
     let mut out = Vec::new();
     for (file, scaling) in files {
         for case in &file.cases {

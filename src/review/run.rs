@@ -250,7 +250,7 @@ pub fn rule_at(rule: &Rule) -> String {
 /// The rule's one-line description for a failure, or what stands in for none.
 fn what_matched(e: &Explanation) -> String {
     match (&e.matched, e.rule()) {
-        (_, Some(rule)) => rule.describe(),
+        (_, Some(rule)) => super::diff::summary(rule),
         (Some(_), None) => "a rule that `replaces` dropped".into(),
         (None, None) if !e.domain_known => "no rule (the domain is not configured)".into(),
         (None, None) => "no rule".into(),
