@@ -335,6 +335,14 @@ fn a_bad_test_file_is_refused_with_its_file_and_line() {
             "no `domain`",
         ),
         (
+            &format!(
+                "domain: api\ncases:\n  - name: a\n    descriptor: [k=v]\n    steps:\n{}",
+                "      - {repeat: 100000}\n".repeat(11)
+            ),
+            3,
+            "more than the 1000000 a case may make",
+        ),
+        (
             "domain: api\nscaling: missing.yaml\ncases:\n  - name: a\n    descriptor: [k=v]\n    expect: {no_rule: true}\n",
             2,
             "missing.yaml",

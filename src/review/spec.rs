@@ -15,6 +15,8 @@ use crate::rules::Unit;
 /// The most calls one step may repeat, and steps one case may hold: a test file is input too.
 pub const MAX_REPEAT: u32 = 100_000;
 pub const MAX_STEPS: usize = 10_000;
+/// The most calls one case may make in all (each is a decision through the serving code).
+pub const MAX_CALLS: u64 = 1_000_000;
 
 /// A test file, checked.
 #[derive(Debug, Clone)]
@@ -225,6 +227,13 @@ fn case(
         .expect
         .map(|e| expect(e.referenced.line(), e.value, problems));
     let steps = steps(c.steps.unwrap_or_default(), problems);
+    let calls: u64 = steps.iter().map(|s| u64::from(s.repeat)).sum();
+    if calls > MAX_CALLS {
+        problems.push((
+            line,
+            format!("the steps make {calls} calls, more than the {MAX_CALLS} a case may make"),
+        ));
+    }
     if expect.is_none() && steps.is_empty() {
         problems.push((line, "a case needs `expect`, `steps`, or both".into()));
     }
