@@ -35,6 +35,11 @@ pub mod envoy {
                 tonic::include_proto!("envoy.service.discovery.v3");
             }
         }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
+            }
+        }
     }
 }
 
@@ -81,3 +86,18 @@ pub use envoy::service::ratelimit::v3::{
     rate_limit_service_server::{RateLimitService, RateLimitServiceServer},
 };
 pub use envoy::r#type::v3::RateLimitUnit;
+
+/// The Rate Limit Quota Service (RLQS) and the strategies its assignments carry.
+pub mod rlqs {
+    pub use super::envoy::service::rate_limit_quota::v3::*;
+    pub use super::envoy::service::rate_limit_quota::v3::{
+        rate_limit_quota_response::{BucketAction, bucket_action},
+        rate_limit_quota_service_client::RateLimitQuotaServiceClient,
+        rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer},
+        rate_limit_quota_usage_reports::BucketQuotaUsage,
+    };
+    pub use super::envoy::r#type::v3::{
+        RateLimitStrategy, TokenBucket, rate_limit_strategy::BlanketRule,
+        rate_limit_strategy::Strategy,
+    };
+}

@@ -6,6 +6,7 @@
 //! Nothing here counts or knows about protobuf; a snapshot is never changed once built (a reload
 //! builds a new one), so in-flight calls keep the rules they started with.
 
+mod bucket;
 mod build;
 mod error;
 pub mod glob;

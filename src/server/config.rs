@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::ChargeMode;
+use crate::service::quota::QuotaConfig;
 use crate::service::{HeaderNames, ServiceConfig};
 use crate::telemetry::statsd_mapping::StatsdMapping;
 
@@ -234,4 +235,18 @@ pub(super) fn go_mapping(settings: &Settings) -> Result<Option<Arc<StatsdMapping
             Some(Arc::new(mapping))
         }
     })
+}
+
+/// The quota service's bounds and timing (`--rlqs-*`, the request bounds, the failure mode).
+pub(super) fn quota_config(settings: &Settings) -> QuotaConfig {
+    QuotaConfig {
+        reporting_interval: settings.rlqs.rlqs_reporting_interval,
+        max_streams: settings.rlqs.rlqs_max_streams,
+        max_buckets_per_stream: settings.rlqs.rlqs_max_buckets_per_stream,
+        max_reports_per_second: settings.rlqs.rlqs_max_reports_per_second,
+        max_entries: settings.max_entries,
+        max_string_bytes: settings.max_string_bytes,
+        failure_mode: settings.failure_mode,
+        store_timeout: settings.store_timeout,
+    }
 }

@@ -1,4 +1,4 @@
-//! The gRPC listener: `ShouldRateLimit` and `grpc.health.v1` behind the connection limits and
+//! The gRPC listener: `ShouldRateLimit`, RLQS when asked for, and `grpc.health.v1` behind the connection limits and
 //! keepalives the flags set, in plain TCP or TLS (the certificate watched and reloaded). It must
 //! never decide anything itself: requests go to the decider it is handed.
 
@@ -11,6 +11,8 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::pb::RateLimitServiceServer;
+use crate::pb::rlqs::RateLimitQuotaServiceServer;
+use crate::service::quota::QuotaService;
 use crate::service::{Decider, RlsService};
 use crate::settings::Settings;
 use crate::telemetry::Metrics;
@@ -24,6 +26,7 @@ pub(super) async fn serve(
     settings: &Settings,
     grpc_listener: TcpListener,
     decider: Arc<Decider>,
+    quota: Option<QuotaService>,
     metrics: &Arc<Metrics>,
     stopped: &Receiver<bool>,
     tasks: &mut Vec<JoinHandle<()>>,
@@ -53,7 +56,11 @@ pub(super) async fn serve(
         .http2_keepalive_timeout(Some(settings.grpc_keepalive_timeout))
         .timeout(settings.grpc_request_timeout())
         .add_service(health_service)
-        .add_service(rls);
+        .add_service(rls)
+        .add_optional_service(quota.map(|q| {
+            RateLimitQuotaServiceServer::new(q)
+                .max_decoding_message_size(settings.max_message_bytes)
+        }));
     let grpc_stopped = super::wait_for_stop(stopped.clone());
     let grpc_task = match tls_files(settings)? {
         None => {

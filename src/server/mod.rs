@@ -32,8 +32,10 @@ use crate::clock::Clock;
 use crate::pb::RateLimitServiceServer;
 use crate::rules::RulesError;
 use crate::service::admin::Routes;
+use crate::service::quota::QuotaService;
 use crate::service::{Decider, RlsService, admin};
 use crate::settings::Settings;
+use crate::store::quota::MemoryQuota;
 use crate::telemetry::Metrics;
 
 /// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
@@ -205,10 +207,21 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         extra_listeners.push((listener, routes));
     }
 
+    let quota = settings.rlqs.rlqs.then(|| {
+        QuotaService::new(
+            decider.clone(),
+            rules.clone(),
+            Arc::new(MemoryQuota::new(clock.clone())),
+            metrics.clone(),
+            config::quota_config(settings),
+            stopped.clone(),
+        )
+    });
     let (health, grpc_task) = grpc::serve(
         settings,
         grpc_listener,
         decider.clone(),
+        quota,
         &metrics,
         &stopped,
         &mut tasks,

@@ -9,6 +9,7 @@ pub mod decider;
 pub mod json;
 mod metadata;
 mod plan;
+pub mod quota;
 pub mod response;
 pub mod rls;
 mod rule_metrics;

@@ -21,11 +21,13 @@ mod cli;
 mod defaults;
 mod derived;
 pub mod go;
+mod rlqs;
 mod validate;
 mod values;
 mod xds;
 
 pub use cli::{Cli, Command};
+pub use rlqs::RlqsSettings;
 pub use validate::SettingsError;
 use values::{AlgorithmArg, FailureModeArg, HeadersArg, LogFormatArg};
 pub use values::{Secret, StoreKind, parse_duration, parse_tag};
@@ -367,6 +369,9 @@ pub struct Settings {
     /// Rules over xDS (`--rules-xds-*`).
     #[command(flatten)]
     pub xds: XdsSettings,
+    /// The quota service (`--rlqs-*`).
+    #[command(flatten)]
+    pub rlqs: RlqsSettings,
     /// With xDS: serve before the first rules arrive (every call OK until then) instead of
     /// waiting for them.
     #[arg(long, env = "PORTCULLIS_FORCE_START_WITHOUT_INITIAL_RULES")]

@@ -89,12 +89,25 @@ impl Settings {
             self.xds.rules_xds_backoff_initial,
             Duration::from_secs(3600),
         );
+        duration(
+            "--rlqs-reporting-interval",
+            self.rlqs.rlqs_reporting_interval,
+            Duration::from_secs(1),
+            Duration::from_secs(3600),
+        );
         if let Some(age) = self.grpc_max_connection_age {
             duration(
                 "--grpc-max-connection-age",
                 age,
                 Duration::from_secs(1),
                 Duration::from_secs(365 * 86_400),
+            );
+        }
+        if self.rlqs.rlqs && self.store == super::StoreKind::Redis {
+            problems.push(
+                "--rlqs serves from the memory store only for now: on Redis, each replica would \
+                 grant a rule's whole rate and the replicas together would over-admit"
+                    .into(),
             );
         }
         if !(0.0..=1.0).contains(&self.xds.rules_xds_backoff_random_factor) {

@@ -4,6 +4,7 @@
 //! only counts, and must never answer after the deadline it is given.
 
 pub mod memory;
+pub mod quota;
 pub mod redis;
 pub mod split;
 

@@ -16,6 +16,7 @@ use super::labels::{
     CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
 };
 use super::process::ProcessGauges;
+use super::quota_metrics::QuotaMetrics;
 use super::register::register;
 
 /// Every metric Portcullis exports, registered once; cheap to update from the request path.
@@ -53,6 +54,8 @@ pub struct Metrics {
     pub scaling_reloads: Family<ResultLabels, Counter>,
     /// Read when scraped: tasks, descriptors, memory, the memory store's fill.
     process: ProcessGauges,
+    /// The quota service's (RLQS) streams, reports and assignments.
+    pub quota: QuotaMetrics,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
     /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
@@ -93,6 +96,7 @@ impl Metrics {
             scaling_domains: Mutex::new(HashSet::new()),
             scaling_reloads: Family::default(),
             process: ProcessGauges::default(),
+            quota: QuotaMetrics::default(),
             near_limit_ratio,
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
@@ -269,6 +273,7 @@ impl Metrics {
             m.scaling_reloads.clone(),
         );
         m.process.register(&mut registry, &mut names);
+        m.quota.register(&mut registry, &mut names);
         Metrics {
             registry,
             names,

@@ -18,6 +18,7 @@ mod labels;
 mod logs;
 mod metrics;
 mod process;
+mod quota_metrics;
 mod register;
 mod throttle;
 

@@ -1,0 +1,244 @@
+//! Sharing one rule's rate among the gateways that enforce it locally (RLQS). Each gateway reports
+//! its demand; its fair share is max-min fair (a gateway that asks for less than an equal part
+//! gets what it asks, the rest is split among the others; capacity nobody asks for is split
+//! equally, so an idle gateway keeps a little). A gateway's new grant never exceeds what the live
+//! grants of the others leave, so at every moment the live grants add up to no more than the
+//! rate: a gateway whose share shrinks gives it up at its next report, and the others grow into
+//! it at theirs. Pure: the memory store and the Redis script both run this transition. It must
+//! never grant what another gateway still holds.
+
+/// One gateway's standing on one rule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Holder {
+    pub gateway: u64,
+    /// Requests per second it asked for at its last report.
+    pub demand: f64,
+    /// Requests per second granted to it, in force until `expires_us`.
+    pub granted: f64,
+    pub expires_us: u64,
+}
+
+/// The most holders one rule keeps: a gateway past it is granted nothing until one leaves.
+pub const MAX_HOLDERS: usize = 1024;
+
+/// Max-min fair shares of `capacity` for `demands`, in their order; what nobody asks for is split
+/// equally. Never more than `capacity` in all.
+pub fn fair_shares(capacity: f64, demands: &[f64]) -> Vec<f64> {
+    let n = demands.len();
+    let mut shares = vec![0.0; n];
+    if n == 0 || capacity <= 0.0 {
+        return shares;
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|a, b| demands[*a].total_cmp(&demands[*b]));
+    let mut left = capacity;
+    for (done, &i) in order.iter().enumerate() {
+        let equal = left / (n - done) as f64;
+        let take = demands[i].max(0.0).min(equal);
+        shares[i] = take;
+        left -= take;
+    }
+    // Capacity no demand used: an equal part each, so an idle gateway is not starved when its
+    // traffic starts.
+    if left > 0.0 {
+        let extra = left / n as f64;
+        for s in &mut shares {
+            *s += extra;
+        }
+    }
+    shares
+}
+
+/// The grant `quantize` can express: whole tokens per whole seconds (Envoy keeps whole seconds
+/// of a fill interval), rounded down so that rounding never over-admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tokens {
+    pub per_fill: u32,
+    pub every_s: u32,
+}
+
+impl Tokens {
+    pub fn per_second(self) -> f64 {
+        f64::from(self.per_fill) / f64::from(self.every_s)
+    }
+}
+
+/// The largest token rate of at most `rate` per second: `n` a second, or one every `k` seconds
+/// below one a second; `None` below one an hour (nothing is granted).
+pub fn quantize(rate: f64) -> Option<Tokens> {
+    if !(rate.is_finite()) || rate <= 0.0 {
+        return None;
+    }
+    if rate >= 1.0 {
+        let per_fill = rate.floor().min(f64::from(u32::MAX)) as u32;
+        return Some(Tokens {
+            per_fill,
+            every_s: 1,
+        });
+    }
+    let every_s = (1.0 / rate).ceil();
+    (every_s <= 3600.0).then_some(Tokens {
+        per_fill: 1,
+        every_s: every_s as u32,
+    })
+}
+
+/// One report of `gateway` on a rule of `capacity` per second, at `now_us`: expired holders are
+/// dropped, the gateway's demand recorded, and its grant set to its fair share within what the
+/// others' live grants leave. Returns the grant (`None`: nothing) and keeps `holders` for the next
+/// report.
+pub fn report(
+    holders: &mut Vec<Holder>,
+    capacity: f64,
+    gateway: u64,
+    demand: f64,
+    now_us: u64,
+    ttl_us: u64,
+) -> Option<Tokens> {
+    holders.retain(|h| h.expires_us > now_us || h.gateway == gateway);
+    let me = match holders.iter().position(|h| h.gateway == gateway) {
+        Some(i) => i,
+        None if holders.len() >= MAX_HOLDERS => return None,
+        None => {
+            holders.push(Holder {
+                gateway,
+                demand,
+                granted: 0.0,
+                expires_us: 0,
+            });
+            holders.len() - 1
+        }
+    };
+    holders[me].demand = demand.max(0.0);
+    let demands: Vec<f64> = holders.iter().map(|h| h.demand).collect();
+    let fair = fair_shares(capacity.max(0.0), &demands)[me];
+    let held_by_others: f64 = holders
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != me)
+        .map(|(_, h)| h.granted)
+        .sum();
+    let grant = quantize(fair.min(capacity - held_by_others));
+    holders[me].granted = grant.map_or(0.0, Tokens::per_second);
+    holders[me].expires_us = now_us.saturating_add(ttl_us);
+    grant
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn shares_are_max_min_fair_and_idle_capacity_is_split() {
+        assert_eq!(
+            fair_shares(90.0, &[100.0, 100.0, 100.0]),
+            [30.0, 30.0, 30.0]
+        );
+        assert_eq!(fair_shares(90.0, &[10.0, 100.0, 100.0]), [10.0, 40.0, 40.0]);
+        // Nobody asks for it all: each gets its demand and an equal part of the rest.
+        assert_eq!(fair_shares(90.0, &[0.0, 30.0]), [30.0, 60.0]);
+        assert_eq!(fair_shares(0.0, &[5.0]), [0.0]);
+    }
+
+    #[test]
+    fn quantized_grants_round_down_to_what_envoy_can_enforce() {
+        assert_eq!(
+            quantize(10.9),
+            Some(Tokens {
+                per_fill: 10,
+                every_s: 1
+            })
+        );
+        // 5 a minute: one every 12 s.
+        assert_eq!(
+            quantize(5.0 / 60.0),
+            Some(Tokens {
+                per_fill: 1,
+                every_s: 12
+            })
+        );
+        // 7 a minute: one every 9 s (6.67 a minute), never one every 8 s (7.5).
+        assert_eq!(
+            quantize(7.0 / 60.0),
+            Some(Tokens {
+                per_fill: 1,
+                every_s: 9
+            })
+        );
+        assert_eq!(quantize(0.0), None);
+        assert_eq!(quantize(1.0 / 7200.0), None);
+    }
+
+    #[test]
+    fn a_gateway_grows_only_into_what_the_others_give_up() {
+        let mut holders = Vec::new();
+        let ttl = 3_000_000;
+        // Gateway 1 alone, busy: the whole rate.
+        let g1 = report(&mut holders, 100.0, 1, 300.0, 0, ttl).unwrap();
+        assert_eq!(g1.per_second(), 100.0);
+        // Gateway 2 arrives: gateway 1 still holds everything, so 2 gets nothing yet.
+        assert_eq!(report(&mut holders, 100.0, 2, 300.0, 100_000, ttl), None);
+        // Gateway 1 reports: its fair half; then 2 grows into the other half.
+        assert_eq!(
+            report(&mut holders, 100.0, 1, 300.0, 1_000_000, ttl)
+                .unwrap()
+                .per_second(),
+            50.0
+        );
+        assert_eq!(
+            report(&mut holders, 100.0, 2, 300.0, 1_100_000, ttl)
+                .unwrap()
+                .per_second(),
+            50.0
+        );
+        // Gateway 2 stops reporting: once its grant expires, 1 gets the whole rate back.
+        assert_eq!(
+            report(&mut holders, 100.0, 1, 300.0, 2_000_000, ttl)
+                .unwrap()
+                .per_second(),
+            50.0
+        );
+        assert_eq!(
+            report(&mut holders, 100.0, 1, 300.0, 4_200_000, ttl)
+                .unwrap()
+                .per_second(),
+            100.0
+        );
+        assert_eq!(holders.len(), 1);
+    }
+
+    proptest! {
+        /// Whatever the order of reports, demands and times, the live grants never add up to
+        /// more than the rate.
+        #[test]
+        fn live_grants_never_exceed_the_rate(
+            capacity in 0.0f64..1000.0,
+            steps in proptest::collection::vec((0u64..6, 0.0f64..2000.0, 0u64..2_000_000), 1..200),
+        ) {
+            let mut holders = Vec::new();
+            let mut now = 0u64;
+            for (gateway, demand, advance) in steps {
+                now += advance;
+                report(&mut holders, capacity, gateway, demand, now, 3_000_000);
+                let live: f64 = holders.iter().filter(|h| h.expires_us > now).map(|h| h.granted).sum();
+                prop_assert!(live <= capacity + 1e-9, "{live} > {capacity}: {holders:?}");
+            }
+        }
+
+        #[test]
+        fn fair_shares_never_exceed_capacity_and_meet_small_demands(
+            capacity in 0.0f64..1000.0,
+            demands in proptest::collection::vec(0.0f64..500.0, 1..20),
+        ) {
+            let shares = fair_shares(capacity, &demands);
+            let total: f64 = shares.iter().sum();
+            prop_assert!(total <= capacity + 1e-6);
+            let equal = capacity / demands.len() as f64;
+            for (d, s) in demands.iter().zip(&shares) {
+                prop_assert!(*s + 1e-9 >= d.min(equal), "{d} got {s}");
+            }
+        }
+    }
+}

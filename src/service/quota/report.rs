@@ -1,0 +1,186 @@
+//! One usage report of one stream turned into bucket actions: each bucket matched to its rule
+//! (through the decider's own plan, so RLS and RLQS meet the same rule, scaled the same), its
+//! demand put to the quota store, the grant written as a token bucket Envoy can enforce. It must
+//! never deny a bucket no enforced rule limits, and never accept a malformed report in part.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tonic::Status;
+
+use super::QuotaConfig;
+use crate::algorithm::share::Tokens;
+use crate::pb::rlqs::{
+    BlanketRule, BucketAction, BucketId, BucketQuotaUsage, RateLimitQuotaResponse,
+    RateLimitStrategy, Strategy, TokenBucket, bucket_action,
+};
+use crate::pb::{RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor};
+use crate::rules::Snapshot;
+use crate::service::Decider;
+use crate::store::quota::Ask;
+
+/// A bucket id in a stable order (the map's entries sorted): one bucket, one key.
+pub(super) type BucketKey = Vec<(String, String)>;
+
+/// What a stream knows of one of its buckets.
+#[derive(Debug, Clone, Default)]
+pub(super) struct BucketState {
+    /// The rule it met at its last report (`None`: none, it was allowed).
+    pub rule: Option<String>,
+}
+
+/// Checks one bucket's usage: an id of 1 to `max_entries` non-empty keys and values within
+/// `max_string_bytes`.
+pub(super) fn bucket_key(
+    usage: &BucketQuotaUsage,
+    config: &QuotaConfig,
+) -> Result<BucketKey, Status> {
+    let id = usage
+        .bucket_id
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("a bucket usage has no bucket_id"))?;
+    if id.bucket.is_empty() || id.bucket.len() > config.max_entries {
+        return Err(Status::invalid_argument(format!(
+            "a bucket_id has {} entries: 1 to {} are accepted",
+            id.bucket.len(),
+            config.max_entries
+        )));
+    }
+    let mut key: BucketKey = Vec::with_capacity(id.bucket.len());
+    for (k, v) in &id.bucket {
+        if k.is_empty() || v.is_empty() {
+            return Err(Status::invalid_argument(
+                "a bucket_id has an empty key or value",
+            ));
+        }
+        if k.len() > config.max_string_bytes || v.len() > config.max_string_bytes {
+            return Err(Status::invalid_argument(format!(
+                "a bucket_id key or value is longer than {} bytes",
+                config.max_string_bytes
+            )));
+        }
+        key.push((k.clone(), v.clone()));
+    }
+    key.sort();
+    Ok(key)
+}
+
+/// The rule the bucket meets and, when an enforced limit applies, the ask for its share.
+pub(super) fn plan(
+    decider: &Decider,
+    snapshot: &Snapshot,
+    domain: &str,
+    key: &BucketKey,
+    gateway: u64,
+    demand: f64,
+    ttl: Duration,
+) -> (Option<String>, Option<Ask>) {
+    let Some(ordered) = snapshot.bucket_descriptor(domain, key) else {
+        return (None, None);
+    };
+    let request = RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: ordered
+                .into_iter()
+                .map(|(key, value)| rate_limit_descriptor::Entry { key, value })
+                .collect(),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let Ok(mut planned) = decider.plan_call(&request) else {
+        return (None, None);
+    };
+    let planned = planned.swap_remove(0);
+    let Some(rule) = planned.rule.as_ref() else {
+        return (None, None);
+    };
+    let name = Some(rule.full_key.clone());
+    if rule.shadow_mode || rule.is_unlimited() {
+        return (name, None);
+    }
+    // The tightest limit binds: a layered rule's layer of the lowest rate.
+    let checks = planned
+        .check
+        .iter()
+        .chain(planned.layers.iter().map(|l| &l.check));
+    let rate =
+        |c: &crate::algorithm::Check| c.limit.requests as f64 / (c.limit.window_us as f64 / 1e6);
+    let Some(binding) = checks.min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
+        return (name, None);
+    };
+    let ask = Ask {
+        // Its own key beside the rule's counter, in the counter's hash tag.
+        key: format!("{}:q", binding.key),
+        capacity: rate(binding),
+        gateway,
+        demand,
+        ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
+    };
+    (name, Some(ask))
+}
+
+fn action(id: BucketId, strategy: Option<Strategy>, ttl: Duration) -> BucketAction {
+    BucketAction {
+        bucket_id: Some(id),
+        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+            bucket_action::QuotaAssignmentAction {
+                assignment_time_to_live: Some(prost_types::Duration {
+                    seconds: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+                    nanos: 0,
+                }),
+                rate_limit_strategy: strategy.map(|s| RateLimitStrategy { strategy: Some(s) }),
+            },
+        )),
+    }
+}
+
+pub(super) fn allow_all(id: BucketId, ttl: Duration) -> BucketAction {
+    action(
+        id,
+        Some(Strategy::BlanketRule(BlanketRule::AllowAll as i32)),
+        ttl,
+    )
+}
+
+pub(super) fn deny_all(id: BucketId, ttl: Duration) -> BucketAction {
+    action(
+        id,
+        Some(Strategy::BlanketRule(BlanketRule::DenyAll as i32)),
+        ttl,
+    )
+}
+
+/// A grant as Envoy enforces it: a token bucket that holds one fill (a second of the share, or
+/// one token) and refills `per_fill` every `every_s` seconds.
+pub(super) fn token_bucket(id: BucketId, grant: Tokens, ttl: Duration) -> BucketAction {
+    let bucket = TokenBucket {
+        max_tokens: grant.per_fill,
+        tokens_per_fill: Some(grant.per_fill),
+        fill_interval: Some(prost_types::Duration {
+            seconds: i64::from(grant.every_s),
+            nanos: 0,
+        }),
+    };
+    action(id, Some(Strategy::TokenBucket(bucket)), ttl)
+}
+
+pub(super) fn abandon(id: BucketId) -> BucketAction {
+    BucketAction {
+        bucket_id: Some(id),
+        bucket_action: Some(bucket_action::BucketAction::AbandonAction(
+            bucket_action::AbandonAction {},
+        )),
+    }
+}
+
+/// The response to one report: an action per bucket reported, in the report's order.
+pub(super) fn response(actions: Vec<BucketAction>) -> RateLimitQuotaResponse {
+    RateLimitQuotaResponse {
+        bucket_action: actions,
+    }
+}
+
+/// The buckets of a stream (bounded by the caller).
+pub(super) type Buckets = HashMap<BucketKey, BucketState>;

@@ -1,0 +1,40 @@
+//! The flags of the quota service (`--rlqs-*`): whether Portcullis serves Envoy's Rate Limit
+//! Quota Service next to RLS, the reporting interval its gateways use, and its bounds. Grouped
+//! apart from the rest of `Settings` (flattened into it: the flags and variables are unchanged).
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::parse_duration;
+
+#[derive(Clone, Args)]
+pub struct RlqsSettings {
+    /// Serve envoy.service.rate_limit_quota.v3 (RLQS) on the gRPC port(s), from the same rules:
+    /// gateways enforce their share of each rule locally, with no call per request. Memory
+    /// store only for now (one replica's budget).
+    #[arg(long, env = "PORTCULLIS_RLQS")]
+    pub rlqs: bool,
+    /// How often gateways report: assignments last two intervals and a second (a longer gap
+    /// seen on a stream counts instead). Envoy 1.40 reports every 5 s whatever the filter's
+    /// reporting_interval says.
+    #[arg(long, env = "PORTCULLIS_RLQS_REPORTING_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub rlqs_reporting_interval: Duration,
+    /// RLQS streams open at once (one per gateway and worker set); more are refused.
+    #[arg(long, env = "PORTCULLIS_RLQS_MAX_STREAMS", default_value_t = 1024)]
+    pub rlqs_max_streams: usize,
+    /// Buckets one stream may report; past it the stream is closed (RESOURCE_EXHAUSTED).
+    #[arg(
+        long,
+        env = "PORTCULLIS_RLQS_MAX_BUCKETS_PER_STREAM",
+        default_value_t = 10_000
+    )]
+    pub rlqs_max_buckets_per_stream: usize,
+    /// Reports one stream may send in a second; past it the stream is closed.
+    #[arg(
+        long,
+        env = "PORTCULLIS_RLQS_MAX_REPORTS_PER_SECOND",
+        default_value_t = 50
+    )]
+    pub rlqs_max_reports_per_second: u32,
+}

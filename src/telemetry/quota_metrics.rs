@@ -1,0 +1,72 @@
+//! The RLQS series: streams open, why streams ended badly, what gateways reported per rule, and
+//! the assignments sent by kind. Labels are rules and fixed words, never a bucket's values.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::labels::{KindLabels, RuleLabels};
+use super::register::register;
+
+#[derive(Default)]
+pub struct QuotaMetrics {
+    pub streams: Gauge,
+    /// Streams closed by us (malformed report, a bound) or failed, by reason.
+    pub stream_errors: Family<KindLabels, Counter>,
+    /// Requests gateways said they admitted, per rule.
+    pub reported_allowed: Family<RuleLabels, Counter>,
+    /// Requests gateways said they refused, per rule.
+    pub reported_denied: Family<RuleLabels, Counter>,
+    /// Bucket actions sent, by kind (token_bucket, allow_all, deny_all, abandon).
+    pub assignments: Family<KindLabels, Counter>,
+    /// Grants the store could not make (the failure mode answered instead).
+    pub store_errors: Counter,
+}
+
+impl QuotaMetrics {
+    pub(super) fn register(&self, registry: &mut Registry, names: &mut Vec<String>) {
+        register(
+            registry,
+            names,
+            "rlqs_streams",
+            "RLQS streams open from gateways (Envoy's rate_limit_quota filter)",
+            self.streams.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_stream_errors",
+            "RLQS streams ended by a malformed report, a bound, or a failure, by kind",
+            self.stream_errors.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_reported_allowed",
+            "Requests RLQS gateways reported admitted, per rule",
+            self.reported_allowed.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_reported_denied",
+            "Requests RLQS gateways reported refused, per rule",
+            self.reported_denied.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_assignments",
+            "RLQS bucket actions sent, by kind (token_bucket, allow_all, deny_all, abandon)",
+            self.assignments.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_store_errors",
+            "RLQS grants the store could not make (the failure mode answered)",
+            self.store_errors.clone(),
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! The quota service (RLQS) as a gateway's stream sees it, over gRPC against the real server on
+//! a manual clock: a bucket matched to its rule gets a token bucket of the rule's rate; two
+//! gateways share one rule without ever holding more than its rate together; buckets no enforced
+//! rule limits are allowed; a malformed report ends its own stream and nothing else.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::TestServer;
+use portcullis::pb::rlqs::{
+    BlanketRule, BucketAction, BucketId, BucketQuotaUsage, RateLimitQuotaResponse,
+    RateLimitQuotaServiceClient, RateLimitQuotaUsageReports, Strategy, bucket_action,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+const RULES: &str = "\
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: path
+    value: /login
+    rate_limit: {unit: minute, requests_per_unit: 6}
+  - key: path
+    value: /healthz
+    rate_limit: {unlimited: true}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+";
+
+/// Gateways that report every second: assignments last 3 s.
+async fn server() -> TestServer {
+    TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+    })
+    .await
+}
+
+/// A bucket id's entries, and the requests a gateway admitted and refused in it.
+type Usage<'a> = (&'a [(&'a str, &'a str)], u64, u64);
+
+/// One gateway's stream.
+struct Gateway {
+    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
+    rx: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Gateway {
+    async fn open(server: &TestServer) -> Gateway {
+        let addr = server.running.as_ref().unwrap().grpc_addr;
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let (tx, outbound) = mpsc::channel(8);
+        let rx = client
+            .stream_rate_limit_quotas(ReceiverStream::new(outbound))
+            .await
+            .expect("stream opens")
+            .into_inner();
+        Gateway { tx, rx }
+    }
+
+    /// Sends one report and waits (bounded) for the answer.
+    async fn report(
+        &mut self,
+        domain: &str,
+        usages: &[Usage<'_>],
+    ) -> Result<Vec<BucketAction>, tonic::Status> {
+        let report = RateLimitQuotaUsageReports {
+            domain: domain.into(),
+            bucket_quota_usages: usages
+                .iter()
+                .map(|(id, allowed, denied)| BucketQuotaUsage {
+                    bucket_id: Some(bucket(id)),
+                    time_elapsed: Some(prost_types::Duration {
+                        seconds: 1,
+                        nanos: 0,
+                    }),
+                    num_requests_allowed: *allowed,
+                    num_requests_denied: *denied,
+                })
+                .collect(),
+        };
+        self.tx.send(report).await.expect("stream open");
+        match tokio::time::timeout(Duration::from_secs(5), self.rx.message()).await {
+            Ok(Ok(Some(response))) => Ok(response.bucket_action),
+            Ok(Ok(None)) => Err(tonic::Status::cancelled("stream ended")),
+            Ok(Err(status)) => Err(status),
+            Err(_) => panic!("no answer within 5 s"),
+        }
+    }
+}
+
+fn bucket(entries: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<HashMap<_, _>>(),
+    }
+}
+
+/// What an action assigns, in words: `tokens 10/1s max 10 ttl 3s`, `allow_all`, `deny_all`,
+/// `abandon`.
+fn assigned(action: &BucketAction) -> String {
+    match action.bucket_action.as_ref().expect("an action") {
+        bucket_action::BucketAction::AbandonAction(_) => "abandon".into(),
+        bucket_action::BucketAction::QuotaAssignmentAction(a) => {
+            let ttl = a.assignment_time_to_live.expect("a ttl").seconds;
+            match a
+                .rate_limit_strategy
+                .as_ref()
+                .and_then(|s| s.strategy.as_ref())
+            {
+                Some(Strategy::TokenBucket(b)) => format!(
+                    "tokens {}/{}s max {} ttl {ttl}s",
+                    b.tokens_per_fill.unwrap_or(1),
+                    b.fill_interval.map_or(0, |d| d.seconds),
+                    b.max_tokens
+                ),
+                Some(Strategy::BlanketRule(r)) if *r == BlanketRule::AllowAll as i32 => {
+                    format!("allow_all ttl {ttl}s")
+                }
+                Some(Strategy::BlanketRule(_)) => format!("deny_all ttl {ttl}s"),
+                other => panic!("unexpected strategy {other:?}"),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_bucket_gets_a_token_bucket_of_its_rules_rate() {
+    let server = server().await;
+    let mut gateway = Gateway::open(&server).await;
+    let actions = gateway
+        .report(
+            "edge",
+            &[
+                (&[("tenant", "a")], 30, 0),
+                (&[("path", "/login")], 1, 0),
+                (&[("path", "/healthz")], 100, 0),
+                (&[("trial", "t")], 100, 0),
+                (&[("colour", "blue")], 5, 0),
+            ],
+        )
+        .await
+        .unwrap();
+    let words: Vec<String> = actions.iter().map(assigned).collect();
+    assert_eq!(
+        words,
+        [
+            // 10 a second: ten tokens a second, a bucket of one second.
+            "tokens 10/1s max 10 ttl 3s",
+            // 6 a minute: one every 10 s.
+            "tokens 1/10s max 1 ttl 3s",
+            // Unlimited, shadow mode, no rule: never denied.
+            "allow_all ttl 3s",
+            "allow_all ttl 3s",
+            "allow_all ttl 3s",
+        ]
+    );
+    assert_eq!(actions[0].bucket_id, Some(bucket(&[("tenant", "a")])));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn two_gateways_share_a_rule_and_never_hold_more_than_its_rate() {
+    let server = server().await;
+    let mut one = Gateway::open(&server).await;
+    let mut two = Gateway::open(&server).await;
+    let tenant: &[(&str, &str)] = &[("tenant", "shared")];
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    // One alone, busy: the whole rate.
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    // Two arrives while one holds it all: nothing yet.
+    assert_eq!(
+        grant(two.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    // One reports again: its fair half; then two grows into the other half.
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 10, 20)]).await.unwrap()),
+        "tokens 5/1s max 5 ttl 3s"
+    );
+    assert_eq!(
+        grant(two.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
+        "tokens 5/1s max 5 ttl 3s"
+    );
+    // One goes idle: its share goes to the busy one (max-min fair: nobody leaves any over).
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 0, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    assert_eq!(
+        grant(two.report("edge", &[(tenant, 5, 25)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    // Two stops reporting: once its grant has expired (3 s on the store's clock), one gets it all.
+    server.clock.advance_us(3_000_001);
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_report_ends_its_own_stream_only() {
+    let server = server().await;
+    let mut good = Gateway::open(&server).await;
+    good.report("edge", &[(&[("tenant", "a")], 1, 0)])
+        .await
+        .unwrap();
+    for (domain, id, says) in [
+        ("", &[("tenant", "a")][..], "must name its domain"),
+        ("edge", &[("tenant", "")][..], "empty key or value"),
+        ("edge", &[][..], "has 0 entries"),
+    ] {
+        let mut bad = Gateway::open(&server).await;
+        let status = bad.report(domain, &[(id, 1, 0)]).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(says), "{status:?}");
+    }
+    // A stream that changes its domain is malformed too.
+    let mut switching = Gateway::open(&server).await;
+    switching
+        .report("edge", &[(&[("tenant", "a")], 1, 0)])
+        .await
+        .unwrap();
+    let status = switching
+        .report("other", &[(&[("tenant", "a")], 1, 0)])
+        .await
+        .unwrap_err();
+    assert!(
+        status.message().contains("one stream, one domain"),
+        "{status:?}"
+    );
+    // The good stream goes on.
+    let actions = good
+        .report("", &[(&[("tenant", "a")], 1, 0)])
+        .await
+        .unwrap();
+    assert!(assigned(&actions[0]).starts_with("tokens"), "{actions:?}");
+    let metrics = server.running.as_ref().unwrap().metrics.encode();
+    assert!(
+        metrics.contains("portcullis_rlqs_stream_errors_total{kind=\"malformed\"} 4"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn streams_buckets_and_reports_are_bounded() {
+    let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        s.rlqs.rlqs_max_streams = 2;
+        s.rlqs.rlqs_max_buckets_per_stream = 3;
+        s.rlqs.rlqs_max_reports_per_second = 1_000;
+    })
+    .await;
+    let mut one = Gateway::open(&server).await;
+    one.report("edge", &[(&[("tenant", "a")], 1, 0)])
+        .await
+        .unwrap();
+    let mut two = Gateway::open(&server).await;
+    let ids: Vec<Vec<(&str, &str)>> = ["b", "c", "d"]
+        .iter()
+        .map(|t| vec![("tenant", *t)])
+        .collect();
+    let borrowed: Vec<Usage<'_>> = ids.iter().map(|id| (id.as_slice(), 1, 0)).collect();
+    two.report("edge", &borrowed).await.unwrap();
+    let status = two
+        .report("edge", &[(&[("tenant", "e")], 1, 0)])
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("more than 3 buckets"),
+        "{status:?}"
+    );
+    // A third stream while two are open is refused at once.
+    let mut three = Gateway::open(&server).await;
+    let _ = three.report("edge", &[(&[("tenant", "z")], 1, 0)]).await;
+    // (two's stream ended above, so three fits; a fourth does not.)
+    let addr = server.running.as_ref().unwrap().grpc_addr;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (_tx, outbound) = mpsc::channel::<RateLimitQuotaUsageReports>(1);
+    let refused = client
+        .stream_rate_limit_quotas(ReceiverStream::new(outbound))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    one.report("edge", &[(&[("tenant", "a")], 1, 0)])
+        .await
+        .unwrap();
+    server.stop().await;
+}
