@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::envoy::Gateway;
+use common::envoy::{self, Gateway};
 use common::process::ServeProcess;
 
 const RULES: &str = "\
@@ -21,29 +21,12 @@ descriptors:
 
 /// The filter as docs/envoy.md gives it: one bucket per `x-tenant` value, allowed until the
 /// first assignment arrives. (Envoy 1.40 reports every 5 s whatever `reporting_interval` says.)
-const RLQS_FILTER: &str = r#"- name: envoy.filters.http.rate_limit_quota
-  typed_config:
-    "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
-    rlqs_server: {envoy_grpc: {cluster_name: portcullis}}
-    domain: edge
-    bucket_matchers:
-      on_no_match:
-        action:
-          name: rate_limit_quota
-          typed_config:
-            "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
-            bucket_id_builder:
-              bucket_id_builder:
-                tenant:
-                  custom_value:
-                    name: tenant
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
-                      header_name: x-tenant
-            reporting_interval: 1s
-            no_assignment_behavior:
-              fallback_rate_limit: {blanket_rule: ALLOW_ALL}
-"#;
+fn rlqs_filter() -> String {
+    envoy::readme_envoy_blocks()
+        .into_iter()
+        .find(|b| b.contains("envoy.filters.http.rate_limit_quota"))
+        .expect("docs/envoy.md's RLQS filter")
+}
 
 fn rules_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -112,7 +95,7 @@ async fn a_gateway_offered_three_times_the_rate_converges_to_it() {
     let rules = rules_dir();
     let portcullis = ServeProcess::spawn(rules.path(), &["--rlqs"], &[], &[]);
     let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
-    g.http_filters = RLQS_FILTER.into();
+    g.http_filters = rlqs_filter();
     let envoy = g.start();
 
     // Envoy reports a new bucket at once, then every 5 s: run through two periodic reports.
@@ -131,6 +114,11 @@ async fn a_gateway_offered_three_times_the_rate_converges_to_it() {
         "only 200 and 429: {answers:?}"
     );
     let seconds = answers.last().unwrap().0.as_secs_f64() - 1.0;
+    eprintln!(
+        "RLQS, one gateway offered {} requests in {seconds:.1} s against 10/s: {admitted} admitted ({:.2}/s)",
+        settled.len(),
+        admitted as f64 / seconds
+    );
     // Ten a second, plus at most one bucket (ten) of burst.
     let most = (10.0 * seconds).ceil() as usize + 10;
     assert!(
@@ -161,7 +149,7 @@ async fn a_bucket_no_rule_limits_is_never_refused() {
     let portcullis = ServeProcess::spawn(rules.path(), &["--rlqs"], &[], &[]);
     let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
     // Buckets named by another header: no rule matches them.
-    g.http_filters = RLQS_FILTER.replace("tenant:", "colour:");
+    g.http_filters = rlqs_filter().replace("tenant:", "colour:");
     let _envoy = g.start();
     let answers = offer(&g, "blue", 40, Duration::from_secs(3)).await;
     assert!(answers.iter().all(|(_, s)| *s == 200), "{answers:?}");
