@@ -5,17 +5,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use common::TestServer;
-use portcullis::pb::rlqs::{
-    BlanketRule, BucketAction, BucketId, BucketQuotaUsage, RateLimitQuotaResponse,
-    RateLimitQuotaServiceClient, RateLimitQuotaUsageReports, Strategy, bucket_action,
-};
+use common::rlqs::{Gateway, Usage, assigned, bucket};
+use portcullis::pb::rlqs::{BucketAction, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::Streaming;
 
 const RULES: &str = "\
 domain: edge
@@ -40,98 +36,6 @@ async fn server() -> TestServer {
         s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
     })
     .await
-}
-
-/// A bucket id's entries, and the requests a gateway admitted and refused in it.
-type Usage<'a> = (&'a [(&'a str, &'a str)], u64, u64);
-
-/// One gateway's stream.
-struct Gateway {
-    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
-    rx: Streaming<RateLimitQuotaResponse>,
-}
-
-impl Gateway {
-    async fn open(server: &TestServer) -> Gateway {
-        let addr = server.running.as_ref().unwrap().grpc_addr;
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        let (tx, outbound) = mpsc::channel(8);
-        let rx = client
-            .stream_rate_limit_quotas(ReceiverStream::new(outbound))
-            .await
-            .expect("stream opens")
-            .into_inner();
-        Gateway { tx, rx }
-    }
-
-    /// Sends one report and waits (bounded) for the answer.
-    async fn report(
-        &mut self,
-        domain: &str,
-        usages: &[Usage<'_>],
-    ) -> Result<Vec<BucketAction>, tonic::Status> {
-        let report = RateLimitQuotaUsageReports {
-            domain: domain.into(),
-            bucket_quota_usages: usages
-                .iter()
-                .map(|(id, allowed, denied)| BucketQuotaUsage {
-                    bucket_id: Some(bucket(id)),
-                    time_elapsed: Some(prost_types::Duration {
-                        seconds: 1,
-                        nanos: 0,
-                    }),
-                    num_requests_allowed: *allowed,
-                    num_requests_denied: *denied,
-                })
-                .collect(),
-        };
-        self.tx.send(report).await.expect("stream open");
-        match tokio::time::timeout(Duration::from_secs(5), self.rx.message()).await {
-            Ok(Ok(Some(response))) => Ok(response.bucket_action),
-            Ok(Ok(None)) => Err(tonic::Status::cancelled("stream ended")),
-            Ok(Err(status)) => Err(status),
-            Err(_) => panic!("no answer within 5 s"),
-        }
-    }
-}
-
-fn bucket(entries: &[(&str, &str)]) -> BucketId {
-    BucketId {
-        bucket: entries
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect::<HashMap<_, _>>(),
-    }
-}
-
-/// What an action assigns, in words: `tokens 10/1s max 10 ttl 3s`, `allow_all`, `deny_all`,
-/// `abandon`.
-fn assigned(action: &BucketAction) -> String {
-    match action.bucket_action.as_ref().expect("an action") {
-        bucket_action::BucketAction::AbandonAction(_) => "abandon".into(),
-        bucket_action::BucketAction::QuotaAssignmentAction(a) => {
-            let ttl = a.assignment_time_to_live.expect("a ttl").seconds;
-            match a
-                .rate_limit_strategy
-                .as_ref()
-                .and_then(|s| s.strategy.as_ref())
-            {
-                Some(Strategy::TokenBucket(b)) => format!(
-                    "tokens {}/{}s max {} ttl {ttl}s",
-                    b.tokens_per_fill.unwrap_or(1),
-                    b.fill_interval.map_or(0, |d| d.seconds),
-                    b.max_tokens
-                ),
-                Some(Strategy::BlanketRule(r)) if *r == BlanketRule::AllowAll as i32 => {
-                    format!("allow_all ttl {ttl}s")
-                }
-                Some(Strategy::BlanketRule(_)) => format!("deny_all ttl {ttl}s"),
-                other => panic!("unexpected strategy {other:?}"),
-            }
-        }
-    }
 }
 
 #[tokio::test]

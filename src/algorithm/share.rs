@@ -63,20 +63,24 @@ impl Tokens {
     }
 }
 
+/// Below this, two computations of one rate (here and in `lua/quota.lua`, summed in other
+/// orders) are the same rate: rounding must not turn 5 - 1e-15 into 4.
+const EPSILON: f64 = 1e-9;
+
 /// The largest token rate of at most `rate` per second: `n` a second, or one every `k` seconds
 /// below one a second; `None` below one an hour (nothing is granted).
 pub fn quantize(rate: f64) -> Option<Tokens> {
-    if !(rate.is_finite()) || rate <= 0.0 {
+    if !(rate.is_finite()) || rate <= 1e-12 {
         return None;
     }
-    if rate >= 1.0 {
-        let per_fill = rate.floor().min(f64::from(u32::MAX)) as u32;
+    if rate + EPSILON >= 1.0 {
+        let per_fill = (rate + EPSILON).floor().min(f64::from(u32::MAX)) as u32;
         return Some(Tokens {
             per_fill,
             every_s: 1,
         });
     }
-    let every_s = (1.0 / rate).ceil();
+    let every_s = (1.0 / rate - EPSILON).ceil();
     (every_s <= 3600.0).then_some(Tokens {
         per_fill: 1,
         every_s: every_s as u32,

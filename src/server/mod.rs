@@ -29,13 +29,14 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::clock::Clock;
+use crate::limiter::FailureMode;
 use crate::pb::RateLimitServiceServer;
 use crate::rules::RulesError;
 use crate::service::admin::Routes;
 use crate::service::quota::QuotaService;
 use crate::service::{Decider, RlsService, admin};
 use crate::settings::Settings;
-use crate::store::quota::MemoryQuota;
+use crate::store::quota::{MemoryQuota, QuotaStore};
 use crate::telemetry::Metrics;
 
 /// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
@@ -122,7 +123,8 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     let (rules, loaded_fingerprint, from_xds) =
         rules_source::start(settings, &metrics, &stopped, &mut tasks).await?;
 
-    let limiter = Arc::new(store::limiter(settings, &clock, &metrics)?);
+    let (limiter, quota_store) = store::limiter(settings, &clock, &metrics)?;
+    let limiter = Arc::new(limiter);
     let config = config::service_config(settings);
     // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the
     // store's temporary factors, read once now and every reload interval after.
@@ -211,7 +213,10 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         QuotaService::new(
             decider.clone(),
             rules.clone(),
-            Arc::new(MemoryQuota::new(clock.clone())),
+            quota_store,
+            // `local`: each replica grants from its own memory while Redis is away.
+            (settings.failure_mode == FailureMode::Local)
+                .then(|| Arc::new(MemoryQuota::new(clock.clone())) as Arc<dyn QuotaStore>),
             metrics.clone(),
             config::quota_config(settings),
             stopped.clone(),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::settings::{Settings, StoreKind};
+use crate::store::quota::{MemoryQuota, QuotaStore};
 use crate::store::split::SplitStore;
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
@@ -16,12 +17,14 @@ use crate::telemetry::Metrics;
 use super::StartError;
 use super::config::{per_second_settings, redis_config};
 
-/// The limiter over the store the settings name.
+/// The limiter over the store the settings name, and where RLQS grants live: the same Redis
+/// (every replica shares them), or this replica's memory.
 pub(super) fn limiter(
     settings: &Settings,
     clock: &Arc<dyn Clock>,
     metrics: &Arc<Metrics>,
-) -> Result<Limiter, StartError> {
+) -> Result<(Limiter, Arc<dyn QuotaStore>), StartError> {
+    let memory_quota = || Arc::new(MemoryQuota::new(clock.clone())) as Arc<dyn QuotaStore>;
     let memory = || {
         let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
         store.spawn_sweeper(Duration::from_secs(10));
@@ -45,7 +48,10 @@ pub(super) fn limiter(
                 failure_mode,
                 deny_cache: None,
             };
-            Limiter::with_policy(memory(), config, None, metrics.clone())
+            (
+                Limiter::with_policy(memory(), config, None, metrics.clone()),
+                memory_quota(),
+            )
         }
         StoreKind::Redis => {
             let config = redis_config(settings)?;
@@ -53,6 +59,7 @@ pub(super) fn limiter(
             let store = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
                 .map_err(|e| StartError::Settings(e.to_string()))?;
             spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
+            let quota: Arc<dyn QuotaStore> = Arc::new(store.clone());
             let store: Box<dyn Store> = match per_second_settings(settings) {
                 None => Box::new(store),
                 Some(per_second) => {
@@ -75,7 +82,10 @@ pub(super) fn limiter(
                     max_age: settings.deny_cache_max_age,
                 }),
             };
-            Limiter::with_policy(store, config, fallback, metrics.clone())
+            (
+                Limiter::with_policy(store, config, fallback, metrics.clone()),
+                quota,
+            )
         }
     };
     Ok(limiter)

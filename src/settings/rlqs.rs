@@ -11,8 +11,8 @@ use super::parse_duration;
 #[derive(Clone, Args)]
 pub struct RlqsSettings {
     /// Serve envoy.service.rate_limit_quota.v3 (RLQS) on the gRPC port(s), from the same rules:
-    /// gateways enforce their share of each rule locally, with no call per request. Memory
-    /// store only for now (one replica's budget).
+    /// gateways enforce their share of each rule locally, with no call per request. The grants
+    /// live in the store: on Redis, every replica shares them.
     #[arg(long, env = "PORTCULLIS_RLQS")]
     pub rlqs: bool,
     /// How often gateways report: assignments last two intervals and a second (a longer gap

@@ -103,13 +103,6 @@ impl Settings {
                 Duration::from_secs(365 * 86_400),
             );
         }
-        if self.rlqs.rlqs && self.store == super::StoreKind::Redis {
-            problems.push(
-                "--rlqs serves from the memory store only for now: on Redis, each replica would \
-                 grant a rule's whole rate and the replicas together would over-admit"
-                    .into(),
-            );
-        }
         if !(0.0..=1.0).contains(&self.xds.rules_xds_backoff_random_factor) {
             problems.push(format!(
                 "--rules-xds-backoff-random-factor {} must be a number from 0 to 1",

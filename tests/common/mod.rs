@@ -202,6 +202,7 @@ pub mod envoy;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod rlqs;
 pub mod tls;
 
 /// Sends `calls` copies of `request` at once, spread over `clients` in turn, and counts the

@@ -66,6 +66,8 @@ struct Inner {
     decider: Arc<Decider>,
     rules: Arc<ArcSwap<Snapshot>>,
     quota: Arc<dyn QuotaStore>,
+    /// Under `--failure-mode local`: this replica's own grants while the store is away.
+    fallback: Option<Arc<dyn QuotaStore>>,
     metrics: Arc<Metrics>,
     config: QuotaConfig,
     next_gateway: AtomicU64,
@@ -84,6 +86,7 @@ impl QuotaService {
         decider: Arc<Decider>,
         rules: Arc<ArcSwap<Snapshot>>,
         quota: Arc<dyn QuotaStore>,
+        fallback: Option<Arc<dyn QuotaStore>>,
         metrics: Arc<Metrics>,
         config: QuotaConfig,
         stopped: watch::Receiver<bool>,
@@ -94,9 +97,11 @@ impl QuotaService {
                 decider,
                 rules,
                 quota,
+                fallback,
                 metrics,
                 config,
-                next_gateway: AtomicU64::new(1),
+                // Unique across replicas sharing one Redis: a random half, then a counter.
+                next_gateway: AtomicU64::new(u64::from(rand::random::<u32>()) << 32 | 1),
                 log: LogThrottle::default(),
             }),
             stopped,
@@ -340,7 +345,21 @@ impl Inner {
                     .collect(),
             }
         }
-        .into_iter();
+        .into_iter()
+        .collect::<Vec<_>>();
+        if let Some(fallback) = &self.fallback
+            && grants.iter().any(Result::is_err)
+        {
+            let deadline = Instant::now() + self.config.store_timeout;
+            let local = fallback.grant(&asks, deadline).await;
+            for (grant, local) in grants.iter_mut().zip(local) {
+                if let Err(error) = grant {
+                    self.failed_log(error, gateway);
+                    *grant = local;
+                }
+            }
+        }
+        let mut grants = grants.into_iter();
 
         let mut actions = Vec::with_capacity(planned.len());
         for (key, id, rule, ask) in planned {
@@ -388,6 +407,13 @@ impl Inner {
             .inc();
     }
 
+    fn failed_log(&self, error: &crate::store::StoreError, gateway: u64) {
+        self.metrics.quota.store_errors.inc();
+        if let Some(skipped) = self.log.allow() {
+            tracing::error!(gateway, %error, mode = ?self.config.failure_mode, similar_not_logged = skipped, "RLQS grant failed; the failure mode assigns");
+        }
+    }
+
     /// The failure mode's assignment when the quota store could not grant.
     fn failed(
         &self,
@@ -395,10 +421,7 @@ impl Inner {
         error: &crate::store::StoreError,
         gateway: u64,
     ) -> crate::pb::rlqs::BucketAction {
-        self.metrics.quota.store_errors.inc();
-        if let Some(skipped) = self.log.allow() {
-            tracing::error!(gateway, %error, mode = ?self.config.failure_mode, similar_not_logged = skipped, "RLQS grant failed; the failure mode assigns");
-        }
+        self.failed_log(error, gateway);
         // Short, so that the store's answer comes back at the next report.
         let ttl = Duration::from_secs(self.config.reporting_interval.as_secs().max(1) + 1);
         match self.config.failure_mode {

@@ -18,6 +18,7 @@ pub mod config;
 pub mod connection;
 mod errors;
 mod factors;
+mod quota;
 pub mod script;
 mod send;
 

@@ -1,0 +1,156 @@
+//! RLQS grants in Redis, shared by every replica: the script grants as the memory model does on
+//! random report sequences (standalone and Cluster); two replicas on one Redis share one rule
+//! among the gateways streaming to each, never granting more than its rate together; a gateway
+//! that stops reporting loses its share when its grant expires on Redis' clock.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::TestServer;
+use common::redis::{RedisCluster, RedisServer, connected_store, redis_settings};
+use common::rlqs::{Gateway, assigned};
+use portcullis::clock::ManualClock;
+use portcullis::store::quota::{Ask, MemoryQuota, QuotaStore};
+use portcullis::store::redis::Topology;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+/// Random reports of five gateways on three rules, against Redis and against the memory model:
+/// the same grants, report after report.
+async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
+    let model = MemoryQuota::new(Arc::new(ManualClock::new(1)));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let capacities = [10.0, 0.1, 2500.0 / 3600.0];
+    for step in 0..300 {
+        let asks: Vec<Ask> = (0..rng.random_range(1..=3))
+            .map(|_| {
+                let rule = rng.random_range(0..3);
+                Ask {
+                    key: format!("{{m{seed}|rule={rule}}}:q"),
+                    capacity: capacities[rule],
+                    gateway: rng.random_range(1..=5),
+                    demand: if rng.random_bool(0.2) {
+                        0.0
+                    } else {
+                        rng.random_range(0.0..30.0)
+                    },
+                    // Longer than the test: no grant expires in the middle of the comparison.
+                    ttl_us: 3_600_000_000,
+                }
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let want: Vec<_> = model
+            .grant(&asks, deadline)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let got: Vec<_> = store
+            .grant(&asks, deadline)
+            .await
+            .into_iter()
+            .map(|g| g.expect("Redis grants"))
+            .collect();
+        assert_eq!(got, want, "step {step}: {asks:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_script_grants_as_the_model_on_standalone_and_cluster() {
+    let redis = RedisServer::start();
+    let store = connected_store(Topology::Standalone(redis.url()), "q:").await;
+    grants_match_the_model(&store, 1).await;
+    let cluster = RedisCluster::start();
+    let store = connected_store(Topology::Cluster(cluster.seeds()), "q:").await;
+    grants_match_the_model(&store, 2).await;
+    // Every key the script wrote has a TTL.
+    let keys = common::redis::cli(redis.port, &["--scan"]);
+    assert!(!keys.trim().is_empty());
+    for key in keys.lines() {
+        let ttl: i64 = common::redis::cli(redis.port, &["PTTL", key])
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+    }
+}
+
+const RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10}\n";
+
+async fn replica(adjust: impl FnOnce(&mut portcullis::settings::Settings)) -> TestServer {
+    TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        adjust(s);
+    })
+    .await
+}
+
+async fn two_replicas_share_one_rule(a: &TestServer, b: &TestServer) {
+    let mut one = Gateway::open(a).await;
+    let mut two = Gateway::open(b).await;
+    let tenant: &[(&str, &str)] = &[("tenant", "shared")];
+    let grant = |actions: Vec<portcullis::pb::rlqs::BucketAction>| assigned(&actions[0]);
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    // Through the other replica: the first gateway's grant is seen, nothing is left yet.
+    assert_eq!(
+        grant(two.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 5/1s max 5 ttl 3s"
+    );
+    assert_eq!(
+        grant(two.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 5/1s max 5 ttl 3s"
+    );
+    // The first gateway stops reporting: once its grant has expired on Redis' clock, the second
+    // gets the whole rate (bounded wait: the grant lasts 3 s).
+    let started = std::time::Instant::now();
+    loop {
+        let now = grant(two.report("edge", &[(tenant, 30, 0)]).await.unwrap());
+        if now == "tokens 10/1s max 10 ttl 3s" {
+            break;
+        }
+        assert_eq!(now, "tokens 5/1s max 5 ttl 3s");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the grant never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_secs(2), "expired early");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_share_one_rule() {
+    let redis = RedisServer::start();
+    let a = replica(|s| redis_settings(s, &redis)).await;
+    let b = replica(|s| redis_settings(s, &redis)).await;
+    two_replicas_share_one_rule(&a, &b).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_cluster_share_one_rule() {
+    let cluster = RedisCluster::start();
+    let settings = |s: &mut portcullis::settings::Settings| {
+        s.store = portcullis::settings::StoreKind::Redis;
+        s.redis_cluster = cluster.seeds();
+        s.store_timeout = Duration::from_secs(2);
+    };
+    let a = replica(settings).await;
+    let b = replica(settings).await;
+    two_replicas_share_one_rule(&a, &b).await;
+    a.stop().await;
+    b.stop().await;
+}
