@@ -159,3 +159,83 @@ async fn a_bucket_no_rule_limits_is_never_refused() {
         "{metrics}"
     );
 }
+
+/// Admitted answers among `answers` whose time falls in `from..to`.
+fn admitted_in(answers: &[(Duration, u16)], from: Duration, to: Duration) -> (usize, usize) {
+    let window: Vec<u16> = answers
+        .iter()
+        .filter(|(at, _)| *at >= from && *at < to)
+        .map(|(_, s)| *s)
+        .collect();
+    (window.iter().filter(|s| **s == 200).count(), window.len())
+}
+
+/// Two gateways, each on its own Portcullis replica, both replicas on one Redis: loaded together
+/// they share the rule's rate (each a fair part, together within the rate and the stated
+/// error); when one goes idle, the other gets the whole rate.
+async fn two_gateways_share_one_budget(store_args: &[&str]) {
+    let rules = rules_dir();
+    let mut args = vec!["--rlqs"];
+    args.extend_from_slice(store_args);
+    let first = ServeProcess::spawn(rules.path(), &args, &[], &[]);
+    let second = ServeProcess::spawn(rules.path(), &args, &[], &[]);
+    let mut a = Gateway::new("edge", &[first.grpc_port]);
+    a.http_filters = rlqs_filter();
+    let mut b = Gateway::new("edge", &[second.grpc_port]);
+    b.http_filters = rlqs_filter();
+    let (_envoy_a, _envoy_b) = (a.start(), b.start());
+
+    // Both loaded at three times the rate for 20 s; then only the second, for 15 s more.
+    let (answers_a, answers_b) = tokio::join!(
+        offer(&a, "shared", 30, Duration::from_secs(20)),
+        offer(&b, "shared", 30, Duration::from_secs(35)),
+    );
+    // Converged after two report rounds (Envoy reports every 5 s): from 12 s to 20 s.
+    let (from, to) = (Duration::from_secs(12), Duration::from_secs(20));
+    let (got_a, sent_a) = admitted_in(&answers_a, from, to);
+    let (got_b, sent_b) = admitted_in(&answers_b, from, to);
+    let seconds = (to - from).as_secs_f64();
+    eprintln!(
+        "RLQS, two gateways on two replicas ({store_args:?}), both offered 30/s against 10/s for {seconds} s: {got_a} + {got_b} admitted of {sent_a} + {sent_b}"
+    );
+    // Within the rate, plus one bucket (a second of its share) per gateway per assignment change.
+    let most = (10.0 * seconds) as usize + 2 * 10;
+    assert!(
+        got_a + got_b <= most,
+        "{got_a} + {got_b} > {most}\n{}\n{}",
+        first.log(),
+        second.log()
+    );
+    // Each a fair part: neither below a third of the rate.
+    let fair = (10.0 * seconds / 2.0 * 0.6) as usize;
+    assert!(
+        got_a >= fair && got_b >= fair,
+        "{got_a} and {got_b}: each at least {fair}"
+    );
+    // The first gone idle: the second converges to the whole rate (its last 6 s).
+    let (from, to) = (Duration::from_secs(29), Duration::from_secs(35));
+    let (alone, sent) = admitted_in(&answers_b, from, to);
+    let seconds = (to - from).as_secs_f64();
+    eprintln!("RLQS, then the second alone: {alone} of {sent} admitted in {seconds} s");
+    assert!(
+        alone <= (10.0 * seconds) as usize + 10,
+        "{alone} in {seconds} s"
+    );
+    assert!(
+        alone >= (10.0 * seconds * 0.8) as usize,
+        "{alone} in {seconds} s: not the whole rate"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_two_replicas_share_one_redis_budget() {
+    let redis = common::redis::RedisServer::start();
+    two_gateways_share_one_budget(&["--store", "redis", "--redis-url", &redis.url()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_two_replicas_share_one_cluster_budget() {
+    let cluster = common::redis::RedisCluster::start();
+    let seeds = cluster.seeds().join(",");
+    two_gateways_share_one_budget(&["--store", "redis", "--redis-cluster", &seeds]).await;
+}
