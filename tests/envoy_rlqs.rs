@@ -239,3 +239,66 @@ async fn two_gateways_on_two_replicas_share_one_cluster_budget() {
     let seeds = cluster.seeds().join(",");
     two_gateways_share_one_budget(&["--store", "redis", "--redis-cluster", &seeds]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_and_restarted_gets_the_stream_back() {
+    let rules = rules_dir();
+    let portcullis = ServeProcess::spawn(rules.path(), &["--rlqs"], &[], &[]);
+    let (grpc_port, admin_port) = (portcullis.grpc_port, portcullis.admin_port);
+    let mut g = Gateway::new("edge", &[grpc_port]);
+    g.http_filters = rlqs_filter();
+    let _envoy = g.start();
+    let load = tokio::spawn({
+        let g = g.clone();
+        async move { offer(&g, "acme", 30, Duration::from_secs(30)).await }
+    });
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    drop(portcullis); // SIGKILL: no drain, the stream breaks
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let restarted =
+        ServeProcess::spawn_on(rules.path(), &["--rlqs"], &[], &[], grpc_port, admin_port);
+    let answers = load.await.unwrap();
+    // Envoy re-opens its stream at its next report: the rate holds again from then on.
+    let (got, sent) = admitted_in(&answers, Duration::from_secs(20), Duration::from_secs(30));
+    eprintln!("RLQS, after a restart: {got} of {sent} admitted in 10 s against 10/s");
+    assert!(
+        got <= 100 + 10,
+        "{got} admitted in 10 s\n{}",
+        restarted.log()
+    );
+    assert!(
+        got >= 70,
+        "{got} admitted in 10 s: the stream did not come back\n{}",
+        restarted.log()
+    );
+    let (_, metrics) = common::http(restarted.admin_port, "GET", "/metrics", "").await;
+    assert!(metrics.contains("portcullis_rlqs_streams 1"), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_lowering_the_limit_is_in_force_within_a_report() {
+    let rules = rules_dir();
+    let portcullis = ServeProcess::spawn(rules.path(), &["--rlqs"], &[], &[]);
+    let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
+    g.http_filters = rlqs_filter();
+    let _envoy = g.start();
+    let load = tokio::spawn({
+        let g = g.clone();
+        async move { offer(&g, "acme", 30, Duration::from_secs(25)).await }
+    });
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let lowered = RULES.replace("requests_per_unit: 10", "requests_per_unit: 4");
+    let staged = rules.path().join(".edge.yaml.new");
+    std::fs::write(&staged, lowered).unwrap();
+    std::fs::rename(&staged, rules.path().join("edge.yaml")).unwrap();
+    let answers = load.await.unwrap();
+    // The reload lands within a second, the next report (at most 5 s later) carries 4/s.
+    let (got, sent) = admitted_in(&answers, Duration::from_secs(16), Duration::from_secs(25));
+    eprintln!("RLQS, after lowering 10/s to 4/s: {got} of {sent} admitted in 9 s");
+    assert!(
+        got <= 4 * 9 + 4,
+        "{got} admitted in 9 s at 4/s\n{}",
+        portcullis.log()
+    );
+    assert!(got >= 4 * 9 * 7 / 10, "{got} admitted in 9 s at 4/s");
+}

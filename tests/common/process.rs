@@ -28,7 +28,18 @@ impl ServeProcess {
         envs: &[(&str, String)],
         wrapper: &[&str],
     ) -> ServeProcess {
-        let (grpc_port, admin_port) = (free_port(), free_port());
+        Self::spawn_on(config, args, envs, wrapper, free_port(), free_port())
+    }
+
+    /// `spawn` on the given ports (a replica restarted where its clients expect it).
+    pub fn spawn_on(
+        config: &Path,
+        args: &[&str],
+        envs: &[(&str, String)],
+        wrapper: &[&str],
+        grpc_port: u16,
+        admin_port: u16,
+    ) -> ServeProcess {
         let log = tempfile::NamedTempFile::new().expect("log file");
         let bin = env!("CARGO_BIN_EXE_portcullis");
         let mut cmd = match wrapper.split_first() {
