@@ -1,7 +1,8 @@
 //! The gateway's view: HTTP load through a real Envoy 1.40 (one worker) to a stand-in upstream
 //! (a direct response of the same Envoy), with no rate limit filter, then with the ratelimit
-//! filter asking Portcullis on the memory store, standalone Redis and a 3-master Cluster, all
-//! in one run with the same generator and concurrency.
+//! filter asking Portcullis on the memory store, standalone Redis and a 3-master Cluster, and
+//! with the rate_limit_quota filter (RLQS: the gateway enforces Portcullis' assignment), all in
+//! one run with the same generator and concurrency.
 //!
 //! Per scenario it prints gateway requests/s and latency percentiles, each as a ratio to the
 //! run without the filter, and Envoy's and Portcullis' CPU per request (from `/proc/PID/stat`).
@@ -32,6 +33,27 @@ use crate::redis::{RedisCluster, RedisServer, free_port, wait_until};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 const RULES: &str = "domain: gw\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
+
+/// The rate_limit_quota filter (RLQS): every request in one bucket, `{client: c}`, enforced in
+/// Envoy from Portcullis' assignment; no call per request.
+const RLQS_FILTER: &str = r#"- name: envoy.filters.http.rate_limit_quota
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+    rlqs_server: {envoy_grpc: {cluster_name: portcullis}}
+    domain: gw
+    bucket_matchers:
+      on_no_match:
+        action:
+          name: rate_limit_quota
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+            bucket_id_builder:
+              bucket_id_builder:
+                client: {string_value: c}
+            reporting_interval: 1s
+            no_assignment_behavior:
+              fallback_rate_limit: {blanket_rule: ALLOW_ALL}
+"#;
 
 const ACTIONS: &str =
     "- actions:\n    - generic_key: {descriptor_key: client, descriptor_value: c}\n";
@@ -246,6 +268,21 @@ async fn main() {
         g.timeout = "2s".into();
         // And a failed call is a 500 that stops the run, not a quiet pass.
         g.failure_mode_deny = true;
+        let envoy = g.start();
+        rows.push(measure(label, &g, &envoy, Some(&portcullis), &options).await);
+    }
+    // RLQS: the gateway enforces its assignment; Portcullis sees a report every 5 s.
+    let quota_stores: [(&'static str, Vec<&str>); 2] = [
+        ("rate_limit_quota, memory", vec!["--rlqs"]),
+        (
+            "rate_limit_quota, Redis",
+            vec!["--rlqs", "--store", "redis", "--redis-url", &redis_url],
+        ),
+    ];
+    for (label, args) in quota_stores {
+        let portcullis = Portcullis::start(rules.path(), &args);
+        let mut g = Gateway::new("gw", &[portcullis.grpc_port]);
+        g.http_filters = RLQS_FILTER.into();
         let envoy = g.start();
         rows.push(measure(label, &g, &envoy, Some(&portcullis), &options).await);
     }

@@ -302,3 +302,75 @@ async fn a_reload_lowering_the_limit_is_in_force_within_a_report() {
     );
     assert!(got >= 4 * 9 * 7 / 10, "{got} admitted in 9 s at 4/s");
 }
+
+/// The replica holding the gateway's stream is stopped (SIGTERM): it drains, then ends the
+/// stream with UNAVAILABLE; Envoy re-opens it on the other replica (both on one Redis), and the
+/// rate holds throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_moves_the_stream_to_another_replica() {
+    let redis = common::redis::RedisServer::start();
+    let rules = rules_dir();
+    let url = redis.url();
+    let args = [
+        "--rlqs",
+        "--store",
+        "redis",
+        "--redis-url",
+        &url,
+        "--drain-period",
+        "1s",
+    ];
+    let replicas = [
+        ServeProcess::spawn(rules.path(), &args, &[], &[]),
+        ServeProcess::spawn(rules.path(), &args, &[], &[]),
+    ];
+    let mut g = Gateway::new("edge", &[replicas[0].grpc_port, replicas[1].grpc_port]);
+    g.http_filters = rlqs_filter();
+    g.health_interval = "0.2s".into();
+    let _envoy = g.start();
+    let load = tokio::spawn({
+        let g = g.clone();
+        async move { offer(&g, "acme", 30, Duration::from_secs(30)).await }
+    });
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let streams = |admin: u16| async move {
+        let (_, m) = common::http(admin, "GET", "/metrics", "").await;
+        m.lines()
+            .find_map(|l| l.strip_prefix("portcullis_rlqs_streams "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let holder = if streams(replicas[0].admin_port).await == 1 {
+        0
+    } else {
+        1
+    };
+    let other = 1 - holder;
+    assert_eq!(
+        streams(replicas[holder].admin_port).await,
+        1,
+        "one stream, on one replica"
+    );
+    replicas[holder].signal("TERM");
+    let answers = load.await.unwrap();
+    assert_eq!(
+        streams(replicas[other].admin_port).await,
+        1,
+        "the stream moved"
+    );
+    let (got, sent) = admitted_in(&answers, Duration::from_secs(20), Duration::from_secs(30));
+    eprintln!("RLQS, after the stream's replica stopped: {got} of {sent} admitted in 10 s");
+    // The re-opened stream is a new gateway: it grows into the old one's grant as that expires,
+    // each change a fresh bucket in Envoy (up to one second of the share each).
+    assert!(got <= 100 + 2 * 10, "{got} admitted in 10 s");
+    assert!(
+        got >= 70,
+        "{got} admitted in 10 s\n{}",
+        replicas[other].log()
+    );
+    let log = replicas[holder].log();
+    assert!(
+        log.contains("stopped"),
+        "the stopped replica exited cleanly:\n{log}"
+    );
+}
