@@ -215,3 +215,61 @@ async fn streams_buckets_and_reports_are_bounded() {
         .unwrap();
     server.stop().await;
 }
+
+#[tokio::test]
+async fn the_admin_listener_shows_each_stream_its_buckets_and_what_they_were_assigned() {
+    let server = server().await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let mut gateway = Gateway::open(&server).await;
+    gateway
+        .report(
+            "edge",
+            &[(&[("tenant", "a")], 30, 0), (&[("colour", "blue")], 1, 0)],
+        )
+        .await
+        .unwrap();
+    let (status, body) = common::http(admin, "GET", "/rlqs", "").await;
+    assert_eq!(status, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(doc["buckets"], 2, "{doc:#}");
+    let buckets = doc["streams"][0]["buckets"].as_array().unwrap();
+    let tenant = buckets
+        .iter()
+        .find(|b| b["bucket"]["tenant"] == "a")
+        .expect("the tenant bucket");
+    assert_eq!(tenant["rule"], "edge.tenant");
+    assert_eq!(tenant["assignment"], "token_bucket 10/1s");
+    let colour = buckets
+        .iter()
+        .find(|b| b["bucket"]["colour"] == "blue")
+        .expect("the other");
+    assert_eq!(colour["assignment"], "allow_all");
+    assert!(colour["rule"].is_null());
+    let metrics = server.running.as_ref().unwrap().metrics.encode();
+    assert!(metrics.contains("portcullis_rlqs_buckets 2"), "{metrics}");
+    assert!(
+        metrics.contains("portcullis_rlqs_granted_rate{domain=\"edge\",rule=\"edge.tenant\"} 10.0"),
+        "{metrics}"
+    );
+    // The gateway goes away: its buckets leave the listing and the gauges.
+    drop(gateway);
+    let started = std::time::Instant::now();
+    loop {
+        let (_, body) = common::http(admin, "GET", "/rlqs", "").await;
+        if body.contains("\"buckets\":0") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never forgotten: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let metrics = server.running.as_ref().unwrap().metrics.encode();
+    assert!(metrics.contains("portcullis_rlqs_buckets 0"), "{metrics}");
+    assert!(
+        metrics.contains("portcullis_rlqs_granted_rate{domain=\"edge\",rule=\"edge.tenant\"} 0.0"),
+        "{metrics}"
+    );
+    server.stop().await;
+}

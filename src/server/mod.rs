@@ -222,6 +222,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             stopped.clone(),
         )
     });
+    let quota_registry = quota.as_ref().map(QuotaService::registry);
     let (health, grpc_task) = grpc::serve(
         settings,
         grpc_listener,
@@ -248,6 +249,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         scaling: scaling_handle,
         scaling_token_file: settings.admin_scaling_token_file.clone(),
         go_mapping,
+        quota: quota_registry,
     };
     tasks.push(readiness::spawn_readiness(
         admin_state.clone(),

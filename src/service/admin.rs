@@ -47,6 +47,8 @@ pub struct AdminState {
     pub scaling_token_file: Option<std::path::PathBuf>,
     /// A statsd_exporter mapping for the Go-named series (else the Go service's default one).
     pub go_mapping: Option<Arc<crate::telemetry::statsd_mapping::StatsdMapping>>,
+    /// What the quota service (RLQS) has assigned, when it runs: `GET /rlqs`.
+    pub quota: Option<Arc<super::quota::Registry>>,
 }
 
 /// Which endpoints one HTTP listener serves.
@@ -90,6 +92,17 @@ pub fn router(state: AdminState, routes: &Routes) -> Router {
     }
     if routes.rules {
         router = router.route("/rlconfig", get(rlconfig));
+        if let Some(quota) = state.quota.clone() {
+            router = router.route(
+                "/rlqs",
+                get(move || async move {
+                    (
+                        [(http::header::CONTENT_TYPE, "application/json")],
+                        quota.json(),
+                    )
+                }),
+            );
+        }
     }
     if routes.metrics {
         router = router

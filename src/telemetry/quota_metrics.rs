@@ -1,6 +1,8 @@
 //! The RLQS series: streams open, why streams ended badly, what gateways reported per rule, and
 //! the assignments sent by kind. Labels are rules and fixed words, never a bucket's values.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -12,6 +14,10 @@ use super::register::register;
 #[derive(Default)]
 pub struct QuotaMetrics {
     pub streams: Gauge,
+    /// Buckets the open streams hold.
+    pub buckets: Gauge,
+    /// Requests per second this replica's live assignments let through, per rule.
+    pub granted_rate: Family<RuleLabels, Gauge<f64, AtomicU64>>,
     /// Streams closed by us (malformed report, a bound) or failed, by reason.
     pub stream_errors: Family<KindLabels, Counter>,
     /// Requests gateways said they admitted, per rule.
@@ -32,6 +38,20 @@ impl QuotaMetrics {
             "rlqs_streams",
             "RLQS streams open from gateways (Envoy's rate_limit_quota filter)",
             self.streams.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_buckets",
+            "Buckets the open RLQS streams hold",
+            self.buckets.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_granted_rate",
+            "Requests per second this replica's RLQS assignments let through, per rule",
+            self.granted_rate.clone(),
         );
         register(
             registry,

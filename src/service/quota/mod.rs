@@ -7,7 +7,10 @@
 //! report ends its own stream with INVALID_ARGUMENT and nothing else. It must never assign more
 //! than a rule's rate across the gateways the quota store knows.
 
+mod registry;
 mod report;
+
+pub use registry::{Assigned, Registry};
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -72,6 +75,7 @@ struct Inner {
     config: QuotaConfig,
     next_gateway: AtomicU64,
     log: LogThrottle,
+    registry: Arc<Registry>,
 }
 
 /// The tonic service.
@@ -103,9 +107,17 @@ impl QuotaService {
                 // Unique across replicas sharing one Redis: a random half, then a counter.
                 next_gateway: AtomicU64::new(u64::from(rand::random::<u32>()) << 32 | 1),
                 log: LogThrottle::default(),
+                registry: Arc::default(),
             }),
             stopped,
         }
+    }
+}
+
+impl QuotaService {
+    /// What this replica has assigned, for `/rlqs`.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.inner.registry.clone()
     }
 }
 
@@ -134,6 +146,7 @@ impl RateLimitQuotaService for QuotaService {
         tokio::spawn(async move {
             inner.metrics.quota.streams.inc();
             inner.serve(inbound, &tx, gateway, stopped).await;
+            inner.registry.forget(&inner.metrics, gateway);
             inner.metrics.quota.streams.dec();
             drop(permit);
         });
@@ -362,6 +375,7 @@ impl Inner {
         let mut grants = grants.into_iter();
 
         let mut actions = Vec::with_capacity(planned.len());
+        let mut changes = Vec::with_capacity(planned.len());
         for (key, id, rule, ask) in planned {
             let previous = state.buckets.get(&key).and_then(|b| b.rule.clone());
             let action = match (&rule, ask) {
@@ -370,6 +384,7 @@ impl Inner {
                     state.buckets.remove(&key);
                     self.count_kind("abandon");
                     actions.push(report::abandon(id));
+                    changes.push((key, None));
                     continue;
                 }
                 (_, None) => {
@@ -393,9 +408,15 @@ impl Inner {
                     ),
                 },
             };
+            changes.push((
+                key.clone(),
+                Some(report::describe(&key, rule.clone(), &action)),
+            ));
             state.buckets.insert(key, report::BucketState { rule });
             actions.push(action);
         }
+        self.registry
+            .record(&self.metrics, gateway, &domain, changes);
         Ok(report::response(actions))
     }
 

@@ -184,3 +184,38 @@ pub(super) fn response(actions: Vec<BucketAction>) -> RateLimitQuotaResponse {
 
 /// The buckets of a stream (bounded by the caller).
 pub(super) type Buckets = HashMap<BucketKey, BucketState>;
+
+/// What an action assigns, for `/rlqs` and the granted-rate gauge.
+pub(super) fn describe(
+    key: &BucketKey,
+    rule: Option<String>,
+    action: &BucketAction,
+) -> super::Assigned {
+    let strategy = match &action.bucket_action {
+        Some(bucket_action::BucketAction::QuotaAssignmentAction(a)) => a
+            .rate_limit_strategy
+            .as_ref()
+            .and_then(|s| s.strategy),
+        _ => None,
+    };
+    let (assignment, rate) = match strategy {
+        Some(Strategy::TokenBucket(b)) => {
+            let per_fill = b.tokens_per_fill.unwrap_or(1);
+            let every = b.fill_interval.map_or(1, |d| d.seconds.max(1));
+            (
+                format!("token_bucket {per_fill}/{every}s"),
+                Some(f64::from(per_fill) / every as f64),
+            )
+        }
+        Some(Strategy::BlanketRule(r)) if r == BlanketRule::DenyAll as i32 => {
+            ("deny_all".into(), Some(0.0))
+        }
+        _ => ("allow_all".into(), None),
+    };
+    super::Assigned {
+        bucket: key.iter().cloned().collect(),
+        rule,
+        assignment,
+        rate,
+    }
+}
