@@ -192,10 +192,9 @@ pub(super) fn describe(
     action: &BucketAction,
 ) -> super::Assigned {
     let strategy = match &action.bucket_action {
-        Some(bucket_action::BucketAction::QuotaAssignmentAction(a)) => a
-            .rate_limit_strategy
-            .as_ref()
-            .and_then(|s| s.strategy),
+        Some(bucket_action::BucketAction::QuotaAssignmentAction(a)) => {
+            a.rate_limit_strategy.as_ref().and_then(|s| s.strategy)
+        }
         _ => None,
     };
     let (assignment, rate) = match strategy {
