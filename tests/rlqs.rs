@@ -273,3 +273,30 @@ async fn the_admin_listener_shows_each_stream_its_buckets_and_what_they_were_ass
     );
     server.stop().await;
 }
+
+/// RLS and RLQS on one rule share its budget: what a gateway reports admitted is recorded in the
+/// rule's counter (after the fact), so RLS calls see it.
+#[tokio::test]
+async fn what_gateways_admit_is_charged_to_the_rule_and_rls_calls_see_it() {
+    use portcullis::pb::rate_limit_response::Code;
+    let server = server().await;
+    let call = || common::request("edge", &[&[("tenant", "a")]]);
+    for _ in 0..4 {
+        assert_eq!(server.ok(call()).await.overall_code, Code::Ok as i32);
+    }
+    let mut gateway = Gateway::open(&server).await;
+    gateway
+        .report("edge", &[(&[("tenant", "a")], 6, 0)])
+        .await
+        .unwrap();
+    // 4 by RLS and 6 through the gateway: the 10 a second are spent.
+    let answer = server.ok(call()).await;
+    assert_eq!(answer.overall_code, Code::OverLimit as i32, "{answer:?}");
+    // A bucket of another tenant is charged apart.
+    let other = server
+        .ok(common::request("edge", &[&[("tenant", "b")]]))
+        .await;
+    assert_eq!(other.overall_code, Code::Ok as i32);
+    assert_eq!(other.statuses[0].limit_remaining, 9);
+    server.stop().await;
+}

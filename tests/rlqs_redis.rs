@@ -154,3 +154,54 @@ async fn two_replicas_on_one_cluster_share_one_rule() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Redis away: the failure mode decides what a bucket is assigned (allow: ALLOW_ALL for a short
+/// while; deny: DENY_ALL; local: a share from this replica's memory), and it is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_the_failure_mode_assigns() {
+    use portcullis::limiter::FailureMode;
+    let mut redis = RedisServer::start();
+    let modes = [
+        (FailureMode::Allow, "allow_all ttl 2s"),
+        (FailureMode::Deny, "deny_all ttl 2s"),
+        (FailureMode::Local, "tokens 10/1s max 10 ttl 3s"),
+    ];
+    let mut servers = Vec::new();
+    for (mode, _) in &modes {
+        let mode = *mode;
+        servers.push(
+            replica(|s| {
+                redis_settings(s, &redis);
+                s.store_timeout = Duration::from_millis(300);
+                s.failure_mode = mode;
+            })
+            .await,
+        );
+    }
+    // Each replica granted from Redis while it is up (a tenant each: one rule's rate apiece).
+    for (server, tenant) in servers.iter().zip(["t0", "t1", "t2"]) {
+        let mut g = Gateway::open(server).await;
+        let actions = g
+            .report("edge", &[(&[("tenant", tenant)], 1, 0)])
+            .await
+            .unwrap();
+        assert!(assigned(&actions[0]).starts_with("tokens"), "{actions:?}");
+    }
+    redis.kill();
+    for (server, (mode, expected)) in servers.iter().zip(modes) {
+        let mut g = Gateway::open(server).await;
+        let actions = g
+            .report("edge", &[(&[("tenant", "u")], 1, 0)])
+            .await
+            .unwrap();
+        assert_eq!(assigned(&actions[0]), expected, "{mode:?}");
+        let metrics = server.running.as_ref().unwrap().metrics.encode();
+        assert!(
+            !metrics.contains("portcullis_rlqs_store_errors_total 0"),
+            "{mode:?}: counted\n{metrics}"
+        );
+    }
+    for server in servers {
+        server.stop().await;
+    }
+}

@@ -100,6 +100,15 @@ impl Decider {
         Ok(planned)
     }
 
+    /// Records hits already admitted elsewhere (an RLQS gateway's report) in their counters, each
+    /// whole (`post_paid` checks): the decisions are not needed, only the spending.
+    pub async fn record_spent(&self, checks: &[Check]) -> Result<(), crate::store::StoreError> {
+        self.limiter
+            .check(checks, ChargeMode::EachAlone)
+            .await
+            .map(|_| ())
+    }
+
     /// Asks the limiter for every check of the call and records the decisions in `planned`.
     ///
     /// The limits of one layered descriptor are charged all or nothing (a hit refused by one

@@ -86,6 +86,7 @@ impl Inner {
 
         let snapshot = self.rules.load_full();
         let mut planned = Vec::with_capacity(keyed.len());
+        let mut charges = Vec::new();
         for (key, usage) in keyed {
             let seen = usage
                 .num_requests_allowed
@@ -94,15 +95,18 @@ impl Inner {
                 d.seconds.max(0) as f64 + f64::from(d.nanos.max(0)) / 1e9
             });
             let demand = seen as f64 / elapsed.max(self.config.reporting_interval.as_secs_f64());
-            let (rule, ask) = plan(
+            let bucket = plan(
                 &self.decider,
                 &snapshot,
                 &domain,
                 &key,
                 gateway,
                 demand,
+                usage.num_requests_allowed,
                 ttl,
             );
+            charges.extend(bucket.charges);
+            let (rule, ask) = (bucket.rule, bucket.ask);
             if let Some(rule) = &rule {
                 let labels = RuleLabels {
                     domain: domain.clone(),
@@ -118,6 +122,13 @@ impl Inner {
             }
             let id = usage.bucket_id.clone().unwrap_or_default();
             planned.push((key, id, rule, ask));
+        }
+        // What the gateway admitted goes into the rules' counters, after the fact: RLS calls on
+        // the same rules see it. (Best effort: a store error is counted, not fatal to the report.)
+        if !charges.is_empty()
+            && let Err(error) = self.decider.record_spent(&charges).await
+        {
+            self.failed_log(&error, gateway);
         }
         let asks: Vec<_> = planned.iter().filter_map(|p| p.3.clone()).collect();
         let mut grants = if asks.is_empty() {

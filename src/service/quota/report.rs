@@ -9,6 +9,7 @@ use std::time::Duration;
 use tonic::Status;
 
 use super::QuotaConfig;
+use crate::algorithm::Check;
 use crate::algorithm::share::Tokens;
 use crate::pb::rlqs::{
     BlanketRule, BucketAction, BucketId, BucketQuotaUsage, RateLimitQuotaResponse,
@@ -65,7 +66,18 @@ pub(super) fn bucket_key(
     Ok(key)
 }
 
-/// The rule the bucket meets and, when an enforced limit applies, the ask for its share.
+/// What one bucket of a report comes to: the rule it met, the ask for its share, and the charges
+/// that record what the gateway admitted in the rule's counters (RLS calls on the rule see them).
+#[derive(Default)]
+pub(super) struct BucketPlan {
+    pub rule: Option<String>,
+    pub ask: Option<Ask>,
+    pub charges: Vec<Check>,
+}
+
+/// The rule the bucket meets and, when an enforced limit applies, the ask for its share and the
+/// after-the-fact charges of the `admitted` requests.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn plan(
     decider: &Decider,
     snapshot: &Snapshot,
@@ -73,10 +85,11 @@ pub(super) fn plan(
     key: &BucketKey,
     gateway: u64,
     demand: f64,
+    admitted: u64,
     ttl: Duration,
-) -> (Option<String>, Option<Ask>) {
+) -> BucketPlan {
     let Some(ordered) = snapshot.bucket_descriptor(domain, key) else {
-        return (None, None);
+        return BucketPlan::default();
     };
     let request = RateLimitRequest {
         domain: domain.to_owned(),
@@ -90,15 +103,18 @@ pub(super) fn plan(
         hits_addend: 0,
     };
     let Ok(mut planned) = decider.plan_call(&request) else {
-        return (None, None);
+        return BucketPlan::default();
     };
     let planned = planned.swap_remove(0);
     let Some(rule) = planned.rule.as_ref() else {
-        return (None, None);
+        return BucketPlan::default();
     };
     let name = Some(rule.full_key.clone());
     if rule.shadow_mode || rule.is_unlimited() {
-        return (name, None);
+        return BucketPlan {
+            rule: name,
+            ..BucketPlan::default()
+        };
     }
     // The tightest limit binds: a layered rule's layer of the lowest rate.
     let checks = planned
@@ -107,8 +123,25 @@ pub(super) fn plan(
         .chain(planned.layers.iter().map(|l| &l.check));
     let rate =
         |c: &crate::algorithm::Check| c.limit.requests as f64 / (c.limit.window_us as f64 / 1e6);
+    let charges: Vec<Check> = if admitted == 0 {
+        Vec::new()
+    } else {
+        checks
+            .clone()
+            .map(|c| Check {
+                hits: admitted,
+                refund: false,
+                // Spent already: recorded whole, past the limit if need be.
+                post_paid: true,
+                ..c.clone()
+            })
+            .collect()
+    };
     let Some(binding) = checks.min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
-        return (name, None);
+        return BucketPlan {
+            rule: name,
+            ..BucketPlan::default()
+        };
     };
     let ask = Ask {
         // Its own key beside the rule's counter, in the counter's hash tag.
@@ -118,7 +151,11 @@ pub(super) fn plan(
         demand,
         ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
     };
-    (name, Some(ask))
+    BucketPlan {
+        rule: name,
+        ask: Some(ask),
+        charges,
+    }
 }
 
 fn action(id: BucketId, strategy: Option<Strategy>, ttl: Duration) -> BucketAction {
