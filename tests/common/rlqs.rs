@@ -29,9 +29,17 @@ impl Gateway {
     }
 
     pub async fn open_at(addr: std::net::SocketAddr) -> Gateway {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
             .await
             .unwrap();
+        Self::over(channel).await
+    }
+
+    /// A stream over `channel` (TLS, say).
+    pub async fn over(channel: tonic::transport::Channel) -> Gateway {
+        let mut client = RateLimitQuotaServiceClient::new(channel);
         let (tx, outbound) = mpsc::channel(8);
         let rx = client
             .stream_rate_limit_quotas(ReceiverStream::new(outbound))
