@@ -247,6 +247,10 @@ async fn the_admin_listener_shows_each_stream_its_buckets_and_what_they_were_ass
     assert!(colour["rule"].is_null());
     let metrics = server.running.as_ref().unwrap().metrics.encode();
     assert!(metrics.contains("portcullis_rlqs_buckets 2"), "{metrics}");
+    for series in ["rlqs_rule_buckets", "rlqs_rule_streams"] {
+        let line = format!("portcullis_{series}{{domain=\"edge\",rule=\"edge.tenant\"}} 1");
+        assert!(metrics.contains(&line), "{line}\n{metrics}");
+    }
     assert!(
         metrics.contains("portcullis_rlqs_granted_rate{domain=\"edge\",rule=\"edge.tenant\"} 10.0"),
         "{metrics}"

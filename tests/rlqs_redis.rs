@@ -1,5 +1,6 @@
 //! RLQS grants in Redis, shared by every replica: the script grants as the memory model does on
-//! random report sequences (standalone and Cluster); two replicas on one Redis share one rule
+//! random report sequences (standalone and Cluster); two replicas on one Redis (standalone,
+//! Cluster, through Sentinel) share one rule
 //! among the gateways streaming to each, never granting more than its rate together; a gateway
 //! that stops reporting loses its share when its grant expires on Redis' clock.
 
@@ -146,6 +147,22 @@ async fn two_replicas_on_one_cluster_share_one_rule() {
     let settings = |s: &mut portcullis::settings::Settings| {
         s.store = portcullis::settings::StoreKind::Redis;
         s.redis_cluster = cluster.seeds();
+        s.store_timeout = Duration::from_secs(2);
+    };
+    let a = replica(settings).await;
+    let b = replica(settings).await;
+    two_replicas_share_one_rule(&a, &b).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_through_sentinel_share_one_rule() {
+    let setup = common::redis::RedisSentinel::start();
+    let settings = |s: &mut portcullis::settings::Settings| {
+        s.store = portcullis::settings::StoreKind::Redis;
+        s.redis_sentinel = setup.sentinel_addrs();
+        s.redis_master = Some("mymaster".into());
         s.store_timeout = Duration::from_secs(2);
     };
     let a = replica(settings).await;

@@ -18,6 +18,9 @@ pub struct QuotaMetrics {
     pub buckets: Gauge,
     /// Requests per second this replica's live assignments let through, per rule.
     pub granted_rate: Family<RuleLabels, Gauge<f64, AtomicU64>>,
+    /// Buckets that met each rule, and the streams that hold them, on this replica.
+    pub rule_buckets: Family<RuleLabels, Gauge>,
+    pub rule_streams: Family<RuleLabels, Gauge>,
     /// Streams closed by us (malformed report, a bound) or failed, by reason.
     pub stream_errors: Family<KindLabels, Counter>,
     /// Requests gateways said they admitted, per rule.
@@ -52,6 +55,20 @@ impl QuotaMetrics {
             "rlqs_granted_rate",
             "Requests per second this replica's RLQS assignments let through, per rule",
             self.granted_rate.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_rule_buckets",
+            "RLQS buckets that met each rule, on this replica",
+            self.rule_buckets.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_rule_streams",
+            "RLQS streams holding a bucket of each rule, on this replica",
+            self.rule_streams.clone(),
         );
         register(
             registry,

@@ -210,7 +210,8 @@ impl Inner {
                     return;
                 }
             };
-            let span = tracing::debug_span!(
+            // One span per report (every few seconds per gateway), exported like RLS calls'.
+            let span = tracing::info_span!(
                 "rlqs_report",
                 gateway,
                 buckets = report.bucket_quota_usages.len()

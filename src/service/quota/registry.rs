@@ -1,6 +1,6 @@
 //! What this replica has assigned, for operators: each open RLQS stream with its buckets, the
-//! rule each met and the assignment last sent (`GET /rlqs` on the admin listener), and the rate
-//! granted per rule (`portcullis_rlqs_granted_rate`). Bounded by the streams and buckets the
+//! rule each met and the assignment last sent (`GET /rlqs` on the admin listener), and per rule
+//! the rate granted, the buckets and the streams holding them. Bounded by the streams and buckets the
 //! service admits; the listing is cut at `MAX_LISTED` buckets. It must never decide anything.
 
 use std::collections::{BTreeMap, HashMap};
@@ -104,6 +104,13 @@ impl Registry {
         rules.sort();
         rules.dedup();
         for rule in rules {
+            let mine = |a: &&Assigned| a.rule.as_deref() == Some(rule.as_str());
+            let holding = streams
+                .values()
+                .filter(|s| s.domain == domain)
+                .map(|s| s.buckets.values().filter(mine).count());
+            let (buckets, holders) =
+                holding.fold((0, 0), |(b, h), n| (b + n, h + usize::from(n > 0)));
             let rate: f64 = streams
                 .values()
                 .filter(|s| s.domain == domain)
@@ -116,7 +123,11 @@ impl Registry {
                 domain: domain.to_owned(),
                 rule,
             };
-            metrics.quota.granted_rate.get_or_create(&labels).set(rate);
+            let q = &metrics.quota;
+            q.granted_rate.get_or_create(&labels).set(rate);
+            let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            q.rule_buckets.get_or_create(&labels).set(count(buckets));
+            q.rule_streams.get_or_create(&labels).set(count(holders));
         }
     }
 
