@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use common::TestServer;
 use common::rlqs::{Gateway, Usage, assigned, bucket};
-use portcullis::pb::rlqs::{BucketAction, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports};
+use portcullis::pb::rlqs::{
+    BucketAction, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports, Strategy, bucket_action,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -70,6 +72,26 @@ async fn a_bucket_gets_a_token_bucket_of_its_rules_rate() {
         ]
     );
     assert_eq!(actions[0].bucket_id, Some(bucket(&[("tenant", "a")])));
+    // Envoy 1.40 tells token buckets apart by their interval's nanoseconds only: the interval
+    // carries its seconds there too (dropped by Envoy), so a new interval is a new bucket.
+    let Some(bucket_action::BucketAction::QuotaAssignmentAction(login)) = &actions[1].bucket_action
+    else {
+        panic!("an assignment")
+    };
+    let Some(Strategy::TokenBucket(b)) = login
+        .rate_limit_strategy
+        .as_ref()
+        .and_then(|s| s.strategy.as_ref())
+    else {
+        panic!("a token bucket")
+    };
+    assert_eq!(
+        b.fill_interval,
+        Some(prost_types::Duration {
+            seconds: 10,
+            nanos: 10
+        })
+    );
     server.stop().await;
 }
 
@@ -378,5 +400,40 @@ async fn rlqs_is_served_over_tls() {
         .await
         .unwrap();
     assert_eq!(assigned(&actions[0]), "tokens 10/1s max 10 ttl 3s");
+    server.stop().await;
+}
+
+/// A gateway whose share grows a little keeps the token bucket Envoy has (no full bucket let
+/// through for one token more); a larger change is sent.
+#[tokio::test]
+async fn a_share_that_grows_a_little_keeps_the_gateways_bucket() {
+    let server = server().await;
+    let mut one = Gateway::open(&server).await;
+    let mut two = Gateway::open(&server).await;
+    let tenant: &[(&str, &str)] = &[("tenant", "t")];
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    // The second asks for one a second: the first shrinks to nine, the second gets one.
+    assert_eq!(
+        grant(two.report("edge", &[(tenant, 1, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 9/1s max 9 ttl 3s"
+    );
+    assert_eq!(
+        grant(two.report("edge", &[(tenant, 1, 0)]).await.unwrap()),
+        "tokens 1/1s max 1 ttl 3s"
+    );
+    // The second goes away: the first's share grows back to ten, within a tenth: it keeps nine.
+    server.clock.advance_us(3_000_001);
+    assert_eq!(
+        grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 9/1s max 9 ttl 3s"
+    );
     server.stop().await;
 }

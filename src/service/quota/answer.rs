@@ -163,6 +163,8 @@ impl Inner {
         let mut changes = Vec::with_capacity(planned.len());
         for (key, id, rule, ask) in planned {
             let previous = state.buckets.get(&key).and_then(|b| b.rule.clone());
+            let sent_before = state.buckets.get(&key).and_then(|b| b.sent);
+            let mut sent = None;
             let action = match (&rule, ask) {
                 // Its rule is gone (a reload removed it): Envoy forgets the bucket.
                 (None, _) if previous.is_some() => {
@@ -179,6 +181,8 @@ impl Inner {
                 (_, Some(_)) => match grants.next() {
                     Some(Ok(Some(grant))) => {
                         self.count_kind("token_bucket");
+                        let grant = report::steady(sent_before, grant);
+                        sent = Some(grant);
                         token_bucket(id, grant, ttl)
                     }
                     Some(Ok(None)) => {
@@ -197,7 +201,9 @@ impl Inner {
                 key.clone(),
                 Some(report::describe(&key, rule.clone(), &action)),
             ));
-            state.buckets.insert(key, report::BucketState { rule });
+            state
+                .buckets
+                .insert(key, report::BucketState { rule, sent });
             actions.push(action);
         }
         self.registry

@@ -28,6 +28,23 @@ pub(super) type BucketKey = Vec<(String, String)>;
 pub(super) struct BucketState {
     /// The rule it met at its last report (`None`: none, it was allowed).
     pub rule: Option<String>,
+    /// The token bucket last sent for it.
+    pub sent: Option<Tokens>,
+}
+
+/// The grant to send: the one sent before when it is a little smaller than the new one (at
+/// least nine tenths of it). Envoy replaces a token bucket that changes with a full one, so each
+/// change can let a bucketful through; sending less than granted never over-admits.
+pub(super) fn steady(before: Option<Tokens>, grant: Tokens) -> Tokens {
+    match before {
+        Some(b)
+            if b.per_second() <= grant.per_second()
+                && b.per_second() >= 0.9 * grant.per_second() =>
+        {
+            b
+        }
+        _ => grant,
+    }
 }
 
 /// Checks one bucket's usage: an id of 1 to `max_entries` non-empty keys and values within
@@ -195,9 +212,12 @@ pub(super) fn token_bucket(id: BucketId, grant: Tokens, ttl: Duration) -> Bucket
     let bucket = TokenBucket {
         max_tokens: grant.per_fill,
         tokens_per_fill: Some(grant.per_fill),
+        // Envoy 1.40 keeps whole seconds of the interval, but tells two buckets apart by the
+        // interval's nanoseconds only: these nanoseconds (a few µs at most, dropped by Envoy)
+        // make a change of interval a change of bucket there.
         fill_interval: Some(prost_types::Duration {
             seconds: i64::from(grant.every_s),
-            nanos: 0,
+            nanos: i32::try_from(grant.every_s).unwrap_or(0),
         }),
     };
     action(id, Some(Strategy::TokenBucket(bucket)), ttl)
@@ -253,5 +273,21 @@ pub(super) fn describe(
         rule,
         assignment,
         rate,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slightly_larger_grant_keeps_the_bucket_envoy_has() {
+        let t = |per_fill, every_s| Tokens { per_fill, every_s };
+        // Nine of ten: Envoy keeps its bucket (no full bucket let through for one token more).
+        assert_eq!(steady(Some(t(9, 1)), t(10, 1)), t(9, 1));
+        // Less than nine tenths, or a smaller grant: the new one.
+        assert_eq!(steady(Some(t(8, 1)), t(10, 1)), t(10, 1));
+        assert_eq!(steady(Some(t(10, 1)), t(9, 1)), t(9, 1));
+        assert_eq!(steady(None, t(10, 1)), t(10, 1));
     }
 }
