@@ -437,3 +437,25 @@ async fn a_share_that_grows_a_little_keeps_the_gateways_bucket() {
     );
     server.stop().await;
 }
+
+/// A report past `--max-message-bytes` ends its stream with OUT_OF_RANGE, and is counted.
+#[tokio::test]
+async fn a_report_past_the_message_bound_is_refused() {
+    let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+        s.max_message_bytes = 16 * 1024;
+    })
+    .await;
+    let mut gateway = Gateway::open(&server).await;
+    let value = "v".repeat(1000);
+    let ids: Vec<Vec<(&str, &str)>> = (0..20).map(|_| vec![("tenant", value.as_str())]).collect();
+    let usages: Vec<Usage<'_>> = ids.iter().map(|id| (id.as_slice(), 1, 0)).collect();
+    let status = gateway.report("edge", &usages).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    let metrics = server.running.as_ref().unwrap().metrics.encode();
+    assert!(
+        metrics.contains("portcullis_rlqs_stream_errors_total{kind=\"too_large\"} 1"),
+        "{metrics}"
+    );
+    server.stop().await;
+}

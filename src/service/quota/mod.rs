@@ -203,10 +203,18 @@ impl Inner {
                 Ok(Some(report)) => report,
                 Ok(None) => return,
                 Err(status) => {
-                    self.count_error("transport");
+                    // A report past --max-message-bytes arrives as OUT_OF_RANGE: said back to
+                    // the gateway like any other refusal.
+                    let kind = if status.code() == tonic::Code::OutOfRange {
+                        "too_large"
+                    } else {
+                        "transport"
+                    };
+                    self.count_error(kind);
                     if let Some(skipped) = self.log.allow() {
-                        tracing::warn!(gateway, %status, similar_not_logged = skipped, "RLQS stream failed");
+                        tracing::warn!(gateway, kind, %status, similar_not_logged = skipped, "RLQS stream failed");
                     }
+                    let _ = tx.send(Err(status)).await;
                     return;
                 }
             };
