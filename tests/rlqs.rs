@@ -459,3 +459,37 @@ async fn a_report_past_the_message_bound_is_refused() {
     );
     server.stop().await;
 }
+
+/// Past `--rlqs-max-reports-per-second`, a stream's next report waits for the next second (Envoy
+/// reports each new bucket at once: a burst of new buckets is paced, not refused), and the stream
+/// goes on.
+#[tokio::test]
+async fn reports_past_the_rate_are_paced_not_refused() {
+    let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_max_reports_per_second = 2;
+    })
+    .await;
+    let mut gateway = Gateway::open(&server).await;
+    let started = std::time::Instant::now();
+    for tenant in ["a", "b", "c", "d"] {
+        let actions = gateway
+            .report("edge", &[(&[("tenant", tenant)], 1, 0)])
+            .await
+            .unwrap();
+        assert!(assigned(&actions[0]).starts_with("tokens"), "{actions:?}");
+    }
+    // Two in the first second, two in the next: the third waited for it.
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    let metrics = server.running.as_ref().unwrap().metrics.encode();
+    assert!(
+        metrics.contains("portcullis_rlqs_reports_paced_total 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("portcullis_rlqs_streams 1"), "{metrics}");
+    server.stop().await;
+}

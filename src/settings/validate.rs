@@ -103,6 +103,21 @@ impl Settings {
                 Duration::from_secs(365 * 86_400),
             );
         }
+        for (flag, value) in [
+            ("--rlqs-max-streams", self.rlqs.rlqs_max_streams),
+            (
+                "--rlqs-max-buckets-per-stream",
+                self.rlqs.rlqs_max_buckets_per_stream,
+            ),
+            (
+                "--rlqs-max-reports-per-second",
+                self.rlqs.rlqs_max_reports_per_second as usize,
+            ),
+        ] {
+            if value == 0 {
+                problems.push(format!("{flag} must be at least 1"));
+            }
+        }
         if !(0.0..=1.0).contains(&self.xds.rules_xds_backoff_random_factor) {
             problems.push(format!(
                 "--rules-xds-backoff-random-factor {} must be a number from 0 to 1",

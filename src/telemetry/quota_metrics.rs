@@ -31,6 +31,8 @@ pub struct QuotaMetrics {
     pub assignments: Family<KindLabels, Counter>,
     /// Grants the store could not make (the failure mode answered instead).
     pub store_errors: Counter,
+    /// Reports held to the next second (a stream past its reports a second).
+    pub reports_paced: Counter,
 }
 
 impl QuotaMetrics {
@@ -97,6 +99,13 @@ impl QuotaMetrics {
             "rlqs_assignments",
             "RLQS bucket actions sent, by kind (token_bucket, allow_all, deny_all, abandon)",
             self.assignments.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_reports_paced",
+            "RLQS reports held to the next second: their stream sent more than --rlqs-max-reports-per-second",
+            self.reports_paced.clone(),
         );
         register(
             registry,

@@ -22,21 +22,22 @@ impl Inner {
         state: &mut StreamState,
         gateway: u64,
     ) -> Result<RateLimitQuotaResponse, (&'static str, Status)> {
-        let now = Instant::now();
+        // Past the reports a stream may send in a second, the next waits for the next second:
+        // Envoy sends one at once for every new bucket, so a burst of new tenants is paced, not
+        // refused (unread reports wait in HTTP/2 flow control, not in memory here).
+        let mut now = Instant::now();
         if now.duration_since(state.window_start) >= Duration::from_secs(1) {
             state.window_start = now;
             state.reports_in_window = 0;
         }
-        state.reports_in_window += 1;
-        if state.reports_in_window > self.config.max_reports_per_second {
-            return Err((
-                "too_many_reports",
-                Status::resource_exhausted(format!(
-                    "more than {} reports a second on one stream",
-                    self.config.max_reports_per_second
-                )),
-            ));
+        if state.reports_in_window >= self.config.max_reports_per_second {
+            self.metrics.quota.reports_paced.inc();
+            tokio::time::sleep_until(state.window_start + Duration::from_secs(1)).await;
+            now = Instant::now();
+            state.window_start = now;
+            state.reports_in_window = 0;
         }
+        state.reports_in_window += 1;
         let domain = match (&state.domain, report.domain.as_str()) {
             (None, "") => {
                 return Err((

@@ -3,7 +3,7 @@
 //! interval, and enforces locally what comes back. Each report is answered with an action per
 //! bucket reported: a token bucket holding the gateway's share of its rule's rate, ALLOW_ALL
 //! where no enforced rule applies, abandon for a bucket whose rule a reload removed.
-//! Streams, buckets per stream, reports per second and report size are bounded; a malformed
+//! Streams, buckets per stream and report size are bounded, reports per second paced; a malformed
 //! report ends its own stream with INVALID_ARGUMENT and nothing else. It must never assign more
 //! than a rule's rate across the gateways the quota store knows.
 
@@ -57,7 +57,7 @@ impl Default for QuotaConfig {
             reporting_interval: Duration::from_secs(5),
             max_streams: 1024,
             max_buckets_per_stream: 10_000,
-            max_reports_per_second: 50,
+            max_reports_per_second: 200,
             max_entries: 16,
             max_string_bytes: 1024,
             failure_mode: FailureMode::Allow,
