@@ -131,14 +131,19 @@ async fn two_replicas_share_one_rule(a: &TestServer, b: &TestServer) {
     assert!(started.elapsed() >= Duration::from_secs(2), "expired early");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_on_one_redis_share_one_rule() {
-    let redis = RedisServer::start();
-    let a = replica(|s| redis_settings(s, &redis)).await;
-    let b = replica(|s| redis_settings(s, &redis)).await;
+/// Two replicas with `settings`, each with a gateway's stream, sharing one rule.
+async fn two_replicas_on(settings: impl Fn(&mut portcullis::settings::Settings) + Copy) {
+    let a = replica(settings).await;
+    let b = replica(settings).await;
     two_replicas_share_one_rule(&a, &b).await;
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_share_one_rule() {
+    let redis = RedisServer::start();
+    two_replicas_on(|s| redis_settings(s, &redis)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,11 +154,7 @@ async fn two_replicas_on_one_cluster_share_one_rule() {
         s.redis_cluster = cluster.seeds();
         s.store_timeout = Duration::from_secs(2);
     };
-    let a = replica(settings).await;
-    let b = replica(settings).await;
-    two_replicas_share_one_rule(&a, &b).await;
-    a.stop().await;
-    b.stop().await;
+    two_replicas_on(settings).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,11 +166,7 @@ async fn two_replicas_through_sentinel_share_one_rule() {
         s.redis_master = Some("mymaster".into());
         s.store_timeout = Duration::from_secs(2);
     };
-    let a = replica(settings).await;
-    let b = replica(settings).await;
-    two_replicas_share_one_rule(&a, &b).await;
-    a.stop().await;
-    b.stop().await;
+    two_replicas_on(settings).await;
 }
 
 /// Redis away: the failure mode decides what a bucket is assigned (allow: ALLOW_ALL for a short

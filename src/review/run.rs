@@ -7,13 +7,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::explain::{Call, Explanation, explain, pb_unit};
+use super::explain::{Call, Explanation, explain};
 use super::spec::{Case, Expect, ExpectLayer, Step, TestFile};
 use super::values::show_rate;
 use crate::clock::{Clock, ManualClock};
 use crate::limiter::Limiter;
-use crate::pb::rate_limit_response::Code;
-use crate::pb::{RateLimitResponse, RateLimitUnit};
+use crate::pb::{RateLimitResponse, rate_limit_response};
 use crate::rules::scaling::Scaling;
 use crate::rules::{Rule, Snapshot};
 use crate::service::{Decider, ServiceConfig};
@@ -139,7 +138,7 @@ impl Bench {
             let ok = response
                 .statuses
                 .first()
-                .is_some_and(|s| s.code == Code::Ok as i32);
+                .is_some_and(|s| s.code == rate_limit_response::Code::Ok as i32);
             admitted += u32::from(ok);
             if let Some(expected) = step.expect_ok
                 && expected != ok
@@ -187,7 +186,7 @@ impl Bench {
         let reported = status.current_limit.as_ref();
         if let Some((count, unit)) = step.limit
             && reported.map(|l| (l.requests_per_unit, l.unit))
-                != Some((count, pb_unit(unit) as i32))
+                != Some((count, crate::service::response::pb_unit(unit) as i32))
         {
             return fail("limit", show_rate(count, unit));
         }
@@ -211,14 +210,14 @@ fn describe(response: &RateLimitResponse) -> String {
     };
     let mut text = format!(
         "{} (remaining {}",
-        answer(status.code == Code::Ok as i32),
+        answer(status.code == rate_limit_response::Code::Ok as i32),
         status.limit_remaining
     );
     if let Some(d) = status.duration_until_reset {
         text.push_str(&format!(", reset {}s", d.seconds));
     }
     if let Some(l) = &status.current_limit {
-        let unit = RateLimitUnit::try_from(l.unit)
+        let unit = rate_limit_response::rate_limit::Unit::try_from(l.unit)
             .map_or("?".to_owned(), |u| u.as_str_name().to_lowercase());
         text.push_str(&format!(", limit {}/{unit}", l.requests_per_unit));
         if !l.name.is_empty() {

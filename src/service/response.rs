@@ -11,7 +11,8 @@ use crate::rules::Unit;
 
 use rate_limit_response::{Code, DescriptorStatus, RateLimit, rate_limit::Unit as PbUnit};
 
-fn pb_unit(unit: Unit) -> PbUnit {
+/// A unit as a status's `current_limit` carries it.
+pub fn pb_unit(unit: Unit) -> PbUnit {
     match unit {
         Unit::Second => PbUnit::Second,
         Unit::Minute => PbUnit::Minute,
