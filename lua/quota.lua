@@ -3,8 +3,11 @@
 -- holders dropped, the gateway's demand recorded, its grant set to its max-min fair share within
 -- what the other live holders leave, quantized to what Envoy enforces (rounded down).
 -- KEYS: one hash per rule (field: gateway id, value: "demand:granted:expires_us").
--- ARGV: per key capacity, gateway, demand, ttl_us; then the most holders a rule keeps.
--- Reply: per key {tokens per fill, fill seconds}, {0, 0} for nothing.
+-- ARGV: per key capacity, gateway, demand, ttl_us, demand only (1: RLS calls' demand, recorded
+-- with no grant, as algorithm::share::record_demand); then the most holders a rule keeps.
+-- Reply: {now_us, per key {tokens per fill, fill seconds, what the live grants hold per second
+-- (a string), when the longest ends (us)}}; {0, 0, ...} for no grant. The replica writes the
+-- holds into the reservation index (quota_index.lua) for every replica's RLS path.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local max_holders = tonumber(ARGV[#ARGV])
@@ -55,11 +58,12 @@ end
 
 local out = {}
 for k, key in ipairs(KEYS) do
-  local base = (k - 1) * 4
+  local base = (k - 1) * 5
   local capacity = math.max(tonumber(ARGV[base + 1]), 0)
   local gateway = ARGV[base + 2]
   local demand = math.max(tonumber(ARGV[base + 3]), 0)
   local ttl = tonumber(ARGV[base + 4])
+  local demand_only = ARGV[base + 5] == '1'
   local all = redis.call('HGETALL', key)
   local demands, granted = {}, {}
   local me = nil
@@ -77,7 +81,9 @@ for k, key in ipairs(KEYS) do
   end
   local per_fill, every = 0, 0
   if me == nil and #demands >= max_holders then
-    out[k] = {0, 0}
+    per_fill, every = 0, 0
+  elseif demand_only then
+    redis.call('HSET', key, gateway, string.format('%.17g:0:%d', demand, now + ttl))
   else
     if me == nil then
       me = #demands + 1
@@ -96,19 +102,23 @@ for k, key in ipairs(KEYS) do
     end
     redis.call('HSET', key, gateway,
       string.format('%.17g:%.17g:%d', demand, rate, now + ttl))
-    out[k] = {per_fill, every}
   end
-  -- The hash lives as long as its longest grant.
-  local longest = 0
+  -- The hash lives as long as its longest grant; what the live grants hold is the reservation.
+  local longest, held = 0, 0
   all = redis.call('HGETALL', key)
   for j = 1, #all, 2 do
-    local e = tonumber(string.match(all[j + 1], ':(%d+)$'))
-    if e ~= nil and e > longest then
-      longest = e
+    local g, e = string.match(all[j + 1], ':([^:]+):(%d+)$')
+    g, e = tonumber(g), tonumber(e)
+    if e ~= nil and e > now then
+      held = held + (g or 0)
+      if e > longest then
+        longest = e
+      end
     end
   end
   if longest > now then
     redis.call('PEXPIREAT', key, math.floor(longest / 1000) + 1)
   end
+  out[k] = {per_fill, every, string.format('%.17g', held), longest}
 end
-return out
+return {now, out}

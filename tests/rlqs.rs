@@ -300,30 +300,69 @@ async fn the_admin_listener_shows_each_stream_its_buckets_and_what_they_were_ass
     server.stop().await;
 }
 
-/// RLS and RLQS on one rule share its budget: what a gateway reports admitted is recorded in the
-/// rule's counter (after the fact), so RLS calls see it.
+/// RLS and RLQS on one descriptor share its rate: what the gateways hold is reserved and RLS
+/// calls count against the rest, so together they never pass it; RLS calls' demand shrinks the
+/// gateway's next share (max-min fair), and once RLS stops asking the gateway grows back.
 #[tokio::test]
-async fn what_gateways_admit_is_charged_to_the_rule_and_rls_calls_see_it() {
+async fn rls_counts_against_what_gateways_hold_and_gets_a_fair_part() {
     use portcullis::pb::rate_limit_response::Code;
     let server = server().await;
-    let call = || common::request("edge", &[&[("tenant", "a")]]);
-    for _ in 0..4 {
-        assert_eq!(server.ok(call()).await.overall_code, Code::Ok as i32);
-    }
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    let call = || common::request("edge", &[tenant]);
     let mut gateway = Gateway::open(&server).await;
-    gateway
-        .report("edge", &[(&[("tenant", "a")], 6, 0)])
-        .await
-        .unwrap();
-    // 4 by RLS and 6 through the gateway: the 10 a second are spent.
-    let answer = server.ok(call()).await;
-    assert_eq!(answer.overall_code, Code::OverLimit as i32, "{answer:?}");
-    // A bucket of another tenant is charged apart.
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    // The busy gateway alone holds the whole 10 a second: nothing is left for RLS.
+    assert_eq!(
+        grant(gateway.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    for _ in 0..8 {
+        let answer = server.ok(call()).await;
+        assert_eq!(answer.overall_code, Code::OverLimit as i32, "{answer:?}");
+    }
+    // Another tenant's descriptor is not held.
     let other = server
         .ok(common::request("edge", &[&[("tenant", "b")]]))
         .await;
-    assert_eq!(other.overall_code, Code::Ok as i32);
     assert_eq!(other.statuses[0].limit_remaining, 9);
+    // RLS' demand reaches the shares within a second: the gateway's next report leaves RLS a
+    // part (waiting for that push, report after report, at most 5 s).
+    let held = {
+        let mut held = 10;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = grant(gateway.report("edge", &[(tenant, 30, 0)]).await.unwrap());
+            held = now
+                .strip_prefix("tokens ")
+                .and_then(|t| t.split('/').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{now}"));
+            if held < 10 {
+                break;
+            }
+        }
+        held
+    };
+    assert!((1..10).contains(&held), "the gateway still holds {held}");
+    // RLS gets exactly the rest, in the same second: together, the rate.
+    let mut admitted = 0;
+    for _ in 0..12 {
+        if server.ok(call()).await.overall_code == Code::Ok as i32 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted + held,
+        10,
+        "RLS {admitted} beside a grant of {held}"
+    );
+    // RLS stops asking: its demand expires (3 s of the store's clock), the gateway's grant too,
+    // and the gateway's next report takes the whole rate again.
+    server.clock.advance_us(3_100_000);
+    assert_eq!(
+        grant(gateway.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
     server.stop().await;
 }
 

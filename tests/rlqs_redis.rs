@@ -2,7 +2,8 @@
 //! random report sequences (standalone and Cluster); two replicas on one Redis (standalone,
 //! Cluster, through Sentinel) share one rule
 //! among the gateways streaming to each, never granting more than its rate together; a gateway
-//! that stops reporting loses its share when its grant expires on Redis' clock.
+//! that stops reporting loses its share when its grant expires on Redis' clock; RLS calls through
+//! one replica count against what a gateway on another holds, and get their fair part.
 
 mod common;
 
@@ -19,8 +20,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-/// Random reports of five gateways on three rules, against Redis and against the memory model:
-/// the same grants, report after report.
+/// Random reports of five gateways on three rules, with RLS demand among them, against Redis and
+/// against the memory model: the same grants, report after report, and at the end the same
+/// reservations read back (what RLS on every replica counts against).
 async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
     let model = MemoryQuota::new(Arc::new(ManualClock::new(1)));
     let mut rng = StdRng::seed_from_u64(seed);
@@ -29,10 +31,15 @@ async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
         let asks: Vec<Ask> = (0..rng.random_range(1..=3))
             .map(|_| {
                 let rule = rng.random_range(0..3);
+                let demand_only = rng.random_bool(0.15);
                 Ask {
-                    key: format!("{{m{seed}|rule={rule}}}:q"),
+                    key: format!("{{m{seed}|rule={rule}}}"),
                     capacity: capacities[rule],
-                    gateway: rng.random_range(1..=5),
+                    gateway: if demand_only {
+                        100
+                    } else {
+                        rng.random_range(1..=5)
+                    },
                     demand: if rng.random_bool(0.2) {
                         0.0
                     } else {
@@ -40,6 +47,7 @@ async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
                     },
                     // Longer than the test: no grant expires in the middle of the comparison.
                     ttl_us: 3_600_000_000,
+                    demand_only,
                 }
             })
             .collect();
@@ -57,6 +65,14 @@ async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
             .map(|g| g.expect("Redis grants"))
             .collect();
         assert_eq!(got, want, "step {step}: {asks:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let want = model.reservations(deadline).await.unwrap();
+    let got = store.reservations(deadline).await.unwrap();
+    assert_eq!(want.len(), 3, "{want:?}");
+    assert_eq!(got.len(), want.len(), "{got:?} against {want:?}");
+    for (tag, held) in want {
+        assert!((got[&tag] - held).abs() < 1e-9, "{tag}: {got:?}");
     }
 }
 
@@ -80,7 +96,7 @@ async fn the_script_grants_as_the_model_on_standalone_and_cluster() {
     }
 }
 
-const RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10}\n";
+const RULES: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 10}\n  - key: team\n    rate_limit: {unit: minute, requests_per_unit: 120}\n";
 
 async fn replica(adjust: impl FnOnce(&mut portcullis::settings::Settings)) -> TestServer {
     TestServer::start_with(&[("edge.yaml", RULES)], |s| {
@@ -131,10 +147,81 @@ async fn two_replicas_share_one_rule(a: &TestServer, b: &TestServer) {
     assert!(started.elapsed() >= Duration::from_secs(2), "expired early");
 }
 
-/// Two replicas with `settings`, each with a gateway's stream, sharing one rule.
+/// The rate of a token-bucket assignment ("tokens 1/2s ..." is 0.5).
+fn tokens_per_second(assigned: &str) -> f64 {
+    let rest = assigned
+        .strip_prefix("tokens ")
+        .unwrap_or_else(|| panic!("{assigned}"));
+    let (tokens, rest) = rest.split_once('/').unwrap();
+    let seconds = rest.split_once('s').unwrap().0;
+    tokens.parse::<f64>().unwrap() / seconds.parse::<f64>().unwrap()
+}
+
+/// RLS calls through one replica count against what a gateway streaming to the other holds of
+/// the same descriptor, and their demand shrinks that gateway's next share: together, never
+/// more than the rate (120 a minute here).
+async fn rls_on_one_replica_beside_a_gateway_on_the_other(a: &TestServer, b: &TestServer) {
+    use portcullis::pb::rate_limit_response::Code;
+    let team: &[(&str, &str)] = &[("team", "shared")];
+    let call = || common::request("edge", &[team]);
+    let grant = |actions: Vec<portcullis::pb::rlqs::BucketAction>| assigned(&actions[0]);
+    let mut gateway = Gateway::open(a).await;
+    assert_eq!(
+        grant(gateway.report("edge", &[(team, 30, 0)]).await.unwrap()),
+        "tokens 2/1s max 2 ttl 3s"
+    );
+    // B reads the reservation back within a second (bounded wait on its gauge).
+    let reserved = |server: &TestServer| {
+        let metrics = server.running.as_ref().unwrap().metrics.encode();
+        common::sample(&metrics, "portcullis_rlqs_reserved_descriptors")
+    };
+    let started = std::time::Instant::now();
+    while reserved(b) < 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(3), "never read");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The gateway holds it all: RLS through B is refused, and asks.
+    for _ in 0..5 {
+        assert_eq!(b.ok(call()).await.overall_code, Code::OverLimit as i32);
+    }
+    // B pushes that demand within a second: the gateway's next report leaves RLS a part.
+    let started = std::time::Instant::now();
+    let held = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let held = tokens_per_second(&grant(
+            gateway.report("edge", &[(team, 30, 0)]).await.unwrap(),
+        ));
+        if held < 2.0 {
+            break held;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "RLS never asked"
+        );
+    };
+    assert!(held > 0.0);
+    // Once B has read the smaller grant, RLS through B gets exactly the rest of the minute.
+    let started = std::time::Instant::now();
+    while b.ok(call()).await.overall_code != Code::Ok as i32 {
+        assert!(started.elapsed() < Duration::from_secs(3), "never read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut admitted = 1;
+    while b.ok(call()).await.overall_code == Code::Ok as i32 {
+        admitted += 1;
+        assert!(admitted <= 120);
+    }
+    let rest = (120.0 * (1.0 - held / 2.0) + 1e-9).floor() as u64;
+    assert_eq!(admitted, rest, "RLS beside a grant of {held}/s");
+}
+
+/// Two replicas with `settings`, each with a gateway's stream, sharing one rule; and RLS through
+/// one beside RLQS through the other.
 async fn two_replicas_on(settings: impl Fn(&mut portcullis::settings::Settings) + Copy) {
     let a = replica(settings).await;
     let b = replica(settings).await;
+    // First: B's gauge of reserved descriptors then counts this one only.
+    rls_on_one_replica_beside_a_gateway_on_the_other(&a, &b).await;
     two_replicas_share_one_rule(&a, &b).await;
     a.stop().await;
     b.stop().await;

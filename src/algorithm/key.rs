@@ -75,9 +75,38 @@ pub fn counter_key_parts<'a>(
     key
 }
 
+/// The descriptor a counter key belongs to: its hash tag, `{<domain>|<k1>=<v1>|...}` (every
+/// layer and algorithm of one descriptor shares it; braces inside names are escaped, so the first
+/// `}` ends it). A key without one is its own.
+pub fn descriptor_tag(key: &str) -> &str {
+    match key.find('}') {
+        Some(end) if key.starts_with('{') => &key[..=end],
+        _ => key,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_layer_of_a_descriptor_has_its_tag() {
+        let second = Limit {
+            algorithm: super::super::Algorithm::FixedWindow,
+            requests: 10,
+            window_us: 1_000_000,
+            burst: 10,
+        };
+        let minute = Limit {
+            window_us: 60_000_000,
+            ..second
+        };
+        let a = counter_key("edge", [("user", "a}b")], &second, None);
+        let b = counter_key("edge", [("user", "a}b")], &minute, Some(7));
+        assert_eq!(descriptor_tag(&a), "{edge|user=a%7Db}");
+        assert_eq!(descriptor_tag(&a), descriptor_tag(&b));
+        assert_eq!(descriptor_tag("plain"), "plain");
+    }
     use crate::algorithm::{Algorithm, US_PER_SECOND};
 
     const LIMIT: Limit = Limit {

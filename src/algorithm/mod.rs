@@ -9,6 +9,7 @@
 
 pub mod fixed_window;
 pub mod key;
+pub mod reserve;
 pub mod share;
 pub mod sliding_window;
 pub mod token_bucket;

@@ -128,6 +128,30 @@ pub fn report(
     grant
 }
 
+/// Records demand that holds no grant (RLS calls on a descriptor gateways hold part of): it
+/// counts in the others' fair shares, so their next grants leave it its part, which RLS then
+/// finds unreserved. Expired holders are dropped; a new one past `MAX_HOLDERS` is not kept.
+pub fn record_demand(
+    holders: &mut Vec<Holder>,
+    gateway: u64,
+    demand: f64,
+    now_us: u64,
+    ttl_us: u64,
+) {
+    holders.retain(|h| h.expires_us > now_us || h.gateway == gateway);
+    let holder = Holder {
+        gateway,
+        demand: demand.max(0.0),
+        granted: 0.0,
+        expires_us: now_us.saturating_add(ttl_us),
+    };
+    match holders.iter().position(|h| h.gateway == gateway) {
+        Some(i) => holders[i] = holder,
+        None if holders.len() < MAX_HOLDERS => holders.push(holder),
+        None => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -198,6 +222,7 @@ mod tests {
             50.0
         );
         // Gateway 2 stops reporting: once its grant expires, 1 gets the whole rate back.
+        // (Below: demand that holds nothing still shapes the shares.)
         assert_eq!(
             report(&mut holders, 100.0, 1, 300.0, 2_000_000, ttl)
                 .unwrap()
@@ -211,6 +236,27 @@ mod tests {
             100.0
         );
         assert_eq!(holders.len(), 1);
+    }
+
+    #[test]
+    fn demand_without_a_grant_shrinks_the_others_shares() {
+        let mut holders = Vec::new();
+        let ttl = 3_000_000;
+        assert_eq!(
+            report(&mut holders, 10.0, 1, 30.0, 0, ttl)
+                .unwrap()
+                .per_second(),
+            10.0
+        );
+        // RLS asks for 4 a second: the gateway's next grant leaves them.
+        record_demand(&mut holders, 99, 4.0, 100_000, ttl);
+        let g = report(&mut holders, 10.0, 1, 30.0, 1_000_000, ttl).unwrap();
+        assert_eq!(g.per_second(), 6.0);
+        let held: f64 = holders.iter().map(|h| h.granted).sum();
+        assert_eq!(held, 6.0);
+        // Once RLS stops asking (its demand expires), the gateway grows back.
+        let g = report(&mut holders, 10.0, 1, 30.0, 3_200_000, ttl).unwrap();
+        assert_eq!(g.per_second(), 10.0);
     }
 
     proptest! {

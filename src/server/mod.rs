@@ -9,6 +9,7 @@ mod grpc;
 pub mod listen;
 mod readiness;
 pub mod reload;
+mod reserved;
 mod rules_source;
 pub mod scaling;
 pub mod statsd;
@@ -36,7 +37,7 @@ use crate::service::admin::Routes;
 use crate::service::quota::QuotaService;
 use crate::service::{Decider, RlsService, admin};
 use crate::settings::Settings;
-use crate::store::quota::{MemoryQuota, QuotaStore};
+use crate::store::quota::{MemoryQuota, QuotaStore, RlsTally};
 use crate::telemetry::Metrics;
 
 /// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
@@ -123,7 +124,20 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     let (rules, loaded_fingerprint, from_xds) =
         rules_source::start(settings, &metrics, &stopped, &mut tasks).await?;
 
-    let (limiter, quota_store) = store::limiter(settings, &clock, &metrics)?;
+    let (limiter, quota) = store::limiter(settings, &clock, &metrics)?;
+    // Every replica keeps RLS and RLQS in step, serving RLQS or not: RLS calls anywhere count
+    // against what gateways hold, and tell the gateways' shares what RLS asks for.
+    let tally = Arc::new(RlsTally::default());
+    tasks.push(reserved::spawn(
+        reserved::Keeper {
+            quota: quota.store.clone(),
+            cache: quota.cache.clone(),
+            tally: tally.clone(),
+            metrics: metrics.clone(),
+            holder: u64::from(rand::random::<u32>()) << 32,
+        },
+        stopped.clone(),
+    ));
     let limiter = Arc::new(limiter);
     let config = config::service_config(settings);
     // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the
@@ -174,7 +188,8 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     }
     let decider = Arc::new(
         Decider::new(rules.clone(), limiter.clone(), config, metrics.clone())
-            .with_scaling(scaling_handle.scaling.clone()),
+            .with_scaling(scaling_handle.scaling.clone())
+            .with_reserved(quota.reserved.clone(), tally),
     );
 
     let grpc_listener = bind(settings.grpc_addr).await?;
@@ -213,7 +228,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         QuotaService::new(
             decider.clone(),
             rules.clone(),
-            quota_store,
+            quota.store,
             // `local`: each replica grants from its own memory while Redis is away.
             (settings.failure_mode == FailureMode::Local)
                 .then(|| Arc::new(MemoryQuota::new(clock.clone())) as Arc<dyn QuotaStore>),

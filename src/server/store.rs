@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::settings::{Settings, StoreKind};
-use crate::store::quota::{MemoryQuota, QuotaStore};
+use crate::store::quota::{MemoryQuota, QuotaStore, Reserved, ReservedCache};
 use crate::store::split::SplitStore;
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
@@ -17,14 +17,30 @@ use crate::telemetry::Metrics;
 use super::StartError;
 use super::config::{per_second_settings, redis_config};
 
+/// Where RLQS grants live, and how the RLS path reads what they hold.
+pub(super) struct Quota {
+    pub store: Arc<dyn QuotaStore>,
+    pub reserved: Arc<dyn Reserved>,
+    /// Set when the reservations are read back from a shared store (`reserved::spawn`).
+    pub cache: Option<Arc<ReservedCache>>,
+}
+
 /// The limiter over the store the settings name, and where RLQS grants live: the same Redis
-/// (every replica shares them), or this replica's memory.
+/// (every replica shares them and reads back what they hold), or this replica's memory (read at
+/// once).
 pub(super) fn limiter(
     settings: &Settings,
     clock: &Arc<dyn Clock>,
     metrics: &Arc<Metrics>,
-) -> Result<(Limiter, Arc<dyn QuotaStore>), StartError> {
-    let memory_quota = || Arc::new(MemoryQuota::new(clock.clone())) as Arc<dyn QuotaStore>;
+) -> Result<(Limiter, Quota), StartError> {
+    let memory_quota = || {
+        let quota = Arc::new(MemoryQuota::new(clock.clone()));
+        Quota {
+            store: quota.clone(),
+            reserved: quota,
+            cache: None,
+        }
+    };
     let memory = || {
         let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
         store.spawn_sweeper(Duration::from_secs(10));
@@ -59,7 +75,12 @@ pub(super) fn limiter(
             let store = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
                 .map_err(|e| StartError::Settings(e.to_string()))?;
             spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
-            let quota: Arc<dyn QuotaStore> = Arc::new(store.clone());
+            let cache = Arc::new(ReservedCache::default());
+            let quota = Quota {
+                store: Arc::new(store.clone()),
+                reserved: cache.clone(),
+                cache: Some(cache),
+            };
             let store: Box<dyn Store> = match per_second_settings(settings) {
                 None => Box::new(store),
                 Some(per_second) => {

@@ -12,11 +12,13 @@ use super::config::ServiceConfig;
 use super::plan::Planned;
 use super::plan::{apply_replaces, plan};
 use super::response;
+use crate::algorithm::reserve::reserve;
 use crate::algorithm::{ChargeMode, Check};
 use crate::limiter::Limiter;
 use crate::pb::{RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
 use crate::rules::scaling::Scaling;
 use crate::rules::{Entry, Snapshot};
+use crate::store::quota::{Reserved, RlsTally};
 use crate::telemetry::Metrics;
 
 impl Entry for rate_limit_descriptor::Entry {
@@ -37,6 +39,9 @@ pub struct Decider {
     pub(super) metrics: Arc<Metrics>,
     /// Runtime scaling in force (the file's and the store's temporary factors).
     scaling: Arc<ArcSwap<Scaling>>,
+    /// What RLQS gateways hold of each descriptor's rate (RLS counts against the rest), and
+    /// the tally of RLS hits on those descriptors (their demand, for the gateways' shares).
+    reserved: Option<(Arc<dyn Reserved>, Arc<RlsTally>)>,
 }
 
 impl Decider {
@@ -56,7 +61,44 @@ impl Decider {
             config,
             metrics,
             scaling: Arc::new(ArcSwap::from_pointee(Scaling::default())),
+            reserved: None,
         }
+    }
+
+    /// RLS checks count against their limit less what RLQS gateways hold (`reserved`), and
+    /// their hits on such descriptors go to `tally`.
+    pub fn with_reserved(mut self, reserved: Arc<dyn Reserved>, tally: Arc<RlsTally>) -> Self {
+        self.reserved = Some((reserved, tally));
+        self
+    }
+
+    /// What gateways hold of `p`'s descriptor (every check of it shares the descriptor), its
+    /// hits tallied as RLS demand when they hold any.
+    fn held(&self, p: &Planned) -> f64 {
+        let Some((reserved, tally)) = &self.reserved else {
+            return 0.0;
+        };
+        let mut checks = p.check.iter().chain(p.layers.iter().map(|l| &l.check));
+        let Some(first) = checks.next() else {
+            return 0.0;
+        };
+        let held = reserved.reserved(&first.key);
+        if held > 0.0 && !first.refund && first.hits > 0 {
+            let rate = |c: &Check| c.limit.requests as f64 / (c.limit.window_us as f64 / 1e6);
+            let binding = checks.map(rate).fold(rate(first), f64::min);
+            tally.note(&first.key, first.hits, binding);
+        }
+        held
+    }
+
+    /// `check` as the limiter counts it: its limit less what gateways hold on its descriptor.
+    /// Refunds give back what was spent, whatever is held now.
+    fn for_limiter(check: &Check, held: f64) -> Check {
+        let mut check = check.clone();
+        if held > 0.0 && !check.refund {
+            check.limit = reserve(&check.limit, held);
+        }
+        check
     }
 
     /// Limits scaled by what `scaling` holds (kept up to date by the server).
@@ -100,15 +142,6 @@ impl Decider {
         Ok(planned)
     }
 
-    /// Records hits already admitted elsewhere (an RLQS gateway's report) in their counters, each
-    /// whole (`post_paid` checks): the decisions are not needed, only the spending.
-    pub async fn record_spent(&self, checks: &[Check]) -> Result<(), crate::store::StoreError> {
-        self.limiter
-            .check(checks, ChargeMode::EachAlone)
-            .await
-            .map(|_| ())
-    }
-
     /// Asks the limiter for every check of the call and records the decisions in `planned`.
     ///
     /// The limits of one layered descriptor are charged all or nothing (a hit refused by one
@@ -119,13 +152,14 @@ impl Decider {
         let whole_call = self.config.charge == ChargeMode::AllOrNothing;
         let mut groups: Vec<(Vec<Check>, ChargeMode)> = vec![(Vec::new(), self.config.charge)];
         for p in planned.iter() {
+            let held = self.held(p);
             if let Some(check) = &p.check {
-                groups[0].0.push(check.clone());
+                groups[0].0.push(Self::for_limiter(check, held));
             }
             if p.layers.is_empty() {
                 continue;
             }
-            let layers = p.layers.iter().map(|l| l.check.clone());
+            let layers = p.layers.iter().map(|l| Self::for_limiter(&l.check, held));
             if whole_call {
                 groups[0].0.extend(layers);
             } else {

@@ -2,22 +2,29 @@
 //! which part of its rate until when (`algorithm::share` decides each report). The memory table
 //! here serves one replica and is the model a Redis script must match; every key and every
 //! holder expires. It must never keep a holder past its grant's end, nor grow without bound.
+//!
+//! Grants are reservations: RLS checks on a descriptor that gateways hold part of count against
+//! what is left (`Reserved`, read on the RLS path; `algorithm::reserve`).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::StoreError;
+use crate::algorithm::key::descriptor_tag;
 use crate::algorithm::share::{self, Holder, Tokens};
 use crate::clock::Clock;
 
 /// One gateway's report on one rule.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ask {
-    /// The rule's shared budget: its counter key.
+    /// The shared budget: the descriptor's hash tag (`algorithm::key::descriptor_tag`), which
+    /// every layer's counter key of the descriptor starts with.
     pub key: String,
     /// The rule's rate, requests per second.
     pub capacity: f64,
@@ -26,6 +33,9 @@ pub struct Ask {
     pub demand: f64,
     /// How long the grant stands.
     pub ttl_us: u64,
+    /// Demand only (RLS calls on the descriptor): recorded for the others' shares, granted
+    /// nothing (`algorithm::share::record_demand`).
+    pub demand_only: bool,
 }
 
 /// Per ask, in order: the grant (`None`: nothing this time), or why the store could not say.
@@ -33,10 +43,89 @@ pub type Grants = Vec<Result<Option<Tokens>, StoreError>>;
 
 pub type GrantFuture<'a> = Pin<Box<dyn Future<Output = Grants> + Send + 'a>>;
 
+/// Per descriptor tag, the requests per second its live grants hold.
+pub type Reservations = HashMap<String, f64>;
+
+pub type ReservationsFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Reservations, StoreError>> + Send + 'a>>;
+
 /// A store of grants, shared by every replica that serves RLQS from it.
 pub trait QuotaStore: Send + Sync + 'static {
     fn grant<'a>(&'a self, asks: &'a [Ask], deadline: Instant) -> GrantFuture<'a>;
     fn name(&self) -> &'static str;
+
+    /// Every descriptor some gateway holds part of, with what its live grants hold: what the
+    /// replicas' RLS paths read back (a store shared by replicas keeps them in one index).
+    fn reservations(&self, _deadline: Instant) -> ReservationsFuture<'_> {
+        Box::pin(std::future::ready(Ok(Reservations::new())))
+    }
+}
+
+/// What the RLS path reads: the requests per second gateways hold on a counter's descriptor.
+pub trait Reserved: Send + Sync + 'static {
+    /// 0 when no gateway holds any part of it.
+    fn reserved(&self, counter_key: &str) -> f64;
+}
+
+/// RLS hits on descriptors gateways hold part of, tallied between two pushes to the quota store
+/// as demand-only asks, so that the gateways' fair shares leave RLS its part. Bounded: a
+/// descriptor past `MAX_QUOTA_KEYS` is not tallied until the next push.
+#[derive(Default)]
+pub struct RlsTally {
+    /// Per descriptor tag: hits seen, the descriptor's rate (requests per second).
+    map: Mutex<HashMap<String, (u64, f64)>>,
+}
+
+impl RlsTally {
+    pub fn note(&self, counter_key: &str, hits: u64, capacity: f64) {
+        let tag = descriptor_tag(counter_key);
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = map.get_mut(tag) {
+            entry.0 = entry.0.saturating_add(hits);
+            entry.1 = capacity;
+        } else if map.len() < MAX_QUOTA_KEYS {
+            map.insert(tag.to_owned(), (hits, capacity));
+        }
+    }
+
+    /// Everything tallied since the last take: (tag, hits, rate).
+    pub fn take(&self) -> Vec<(String, u64, f64)> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.drain()
+            .map(|(tag, (hits, rate))| (tag, hits, rate))
+            .collect()
+    }
+}
+
+/// The reservations of a store shared by replicas, as last read back (`QuotaStore::reservations`,
+/// every second): a grant made on another replica is seen here within that read's period.
+#[derive(Default)]
+pub struct ReservedCache {
+    map: ArcSwap<Reservations>,
+}
+
+impl ReservedCache {
+    pub fn replace(&self, reservations: Reservations) {
+        self.map.store(Arc::new(reservations));
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Reserved for ReservedCache {
+    fn reserved(&self, counter_key: &str) -> f64 {
+        let map = self.map.load();
+        if map.is_empty() {
+            return 0.0;
+        }
+        map.get(descriptor_tag(counter_key)).copied().unwrap_or(0.0)
+    }
 }
 
 /// The rules one replica's table holds at most; past it, a new rule is refused (until grants
@@ -47,6 +136,8 @@ pub const MAX_QUOTA_KEYS: usize = 100_000;
 pub struct MemoryQuota {
     clock: Arc<dyn Clock>,
     table: Mutex<HashMap<String, Vec<Holder>>>,
+    /// The table's size, read without the lock: the RLS path skips the lock while it is 0.
+    keys: AtomicUsize,
     max_keys: usize,
 }
 
@@ -59,6 +150,7 @@ impl MemoryQuota {
         Self {
             clock,
             table: Mutex::new(HashMap::new()),
+            keys: AtomicUsize::new(0),
             max_keys,
         }
     }
@@ -90,6 +182,10 @@ impl MemoryQuota {
             }
         }
         let holders = table.entry(ask.key.clone()).or_default();
+        if ask.demand_only {
+            share::record_demand(holders, ask.gateway, ask.demand, now, ask.ttl_us);
+            return Ok(None);
+        }
         Ok(share::report(
             holders,
             ask.capacity,
@@ -109,11 +205,46 @@ impl QuotaStore for MemoryQuota {
             .iter()
             .map(|ask| self.grant_one(&mut table, ask, now))
             .collect();
+        self.keys.store(table.len(), Ordering::Relaxed);
         Box::pin(std::future::ready(grants))
     }
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn reservations(&self, _deadline: Instant) -> ReservationsFuture<'_> {
+        let now = self.clock.now_us();
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let held = table
+            .iter()
+            .map(|(tag, holders)| (tag.clone(), live_total(holders, now)))
+            .filter(|(_, rate)| *rate > 0.0)
+            .collect();
+        Box::pin(std::future::ready(Ok(held)))
+    }
+}
+
+/// What the live grants among `holders` hold, per second.
+fn live_total(holders: &[Holder], now: u64) -> f64 {
+    holders
+        .iter()
+        .filter(|h| h.expires_us > now)
+        .map(|h| h.granted)
+        .sum()
+}
+
+/// One replica's own table, read at once: exact.
+impl Reserved for MemoryQuota {
+    fn reserved(&self, counter_key: &str) -> f64 {
+        if self.keys.load(Ordering::Relaxed) == 0 {
+            return 0.0;
+        }
+        let now = self.clock.now_us();
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .get(descriptor_tag(counter_key))
+            .map_or(0.0, |holders| live_total(holders, now))
     }
 }
 
@@ -129,6 +260,7 @@ mod tests {
             gateway,
             demand,
             ttl_us: 3_000_000,
+            demand_only: false,
         }
     }
 

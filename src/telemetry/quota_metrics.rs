@@ -1,5 +1,5 @@
 //! The RLQS series: streams open, why streams ended badly, what gateways reported per rule, and
-//! the assignments sent by kind. Labels are rules and fixed words, never a bucket's values.
+//! the assignments sent by kind, and the reservations RLS reads. Labels are rules and fixed words, never a bucket's values.
 
 use std::sync::atomic::AtomicU64;
 
@@ -33,6 +33,10 @@ pub struct QuotaMetrics {
     pub store_errors: Counter,
     /// Reports held to the next second (a stream past its reports a second).
     pub reports_paced: Counter,
+    /// Descriptors RLS calls on this replica see partly held by gateways (read each second).
+    pub reserved_descriptors: Gauge,
+    /// Failed reads of the reservations or pushes of RLS demand (the last read stays in force).
+    pub reserved_errors: Counter,
 }
 
 impl QuotaMetrics {
@@ -113,6 +117,20 @@ impl QuotaMetrics {
             "rlqs_store_errors",
             "RLQS grants the store could not make (the failure mode answered)",
             self.store_errors.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_reserved_descriptors",
+            "Descriptors whose rate RLQS gateways partly hold, as this replica's RLS calls see them",
+            self.reserved_descriptors.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_reserved_errors",
+            "Failed reads of the RLQS reservations or pushes of RLS demand to the store (the last read stays in force)",
+            self.reserved_errors.clone(),
         );
     }
 }

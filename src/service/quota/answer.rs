@@ -87,7 +87,6 @@ impl Inner {
 
         let snapshot = self.rules.load_full();
         let mut planned = Vec::with_capacity(keyed.len());
-        let mut charges = Vec::new();
         for (key, usage) in keyed {
             let seen = usage
                 .num_requests_allowed
@@ -103,10 +102,8 @@ impl Inner {
                 &key,
                 gateway,
                 demand,
-                usage.num_requests_allowed,
                 ttl,
             );
-            charges.extend(bucket.charges);
             let (rule, ask) = (bucket.rule, bucket.ask);
             if let Some(rule) = &rule {
                 let labels = RuleLabels {
@@ -123,13 +120,6 @@ impl Inner {
             }
             let id = usage.bucket_id.clone().unwrap_or_default();
             planned.push((key, id, rule, ask));
-        }
-        // What the gateway admitted goes into the rules' counters, after the fact: RLS calls on
-        // the same rules see it. (Best effort: a store error is counted, not fatal to the report.)
-        if !charges.is_empty()
-            && let Err(error) = self.decider.record_spent(&charges).await
-        {
-            self.failed_log(&error, gateway);
         }
         let asks: Vec<_> = planned.iter().filter_map(|p| p.3.clone()).collect();
         let mut grants = if asks.is_empty() {

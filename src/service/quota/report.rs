@@ -9,7 +9,7 @@ use std::time::Duration;
 use tonic::Status;
 
 use super::QuotaConfig;
-use crate::algorithm::Check;
+use crate::algorithm::key::descriptor_tag;
 use crate::algorithm::share::Tokens;
 use crate::pb::rlqs::{
     BlanketRule, BucketAction, BucketId, BucketQuotaUsage, RateLimitQuotaResponse,
@@ -83,18 +83,15 @@ pub(super) fn bucket_key(
     Ok(key)
 }
 
-/// What one bucket of a report comes to: the rule it met, the ask for its share, and the charges
-/// that record what the gateway admitted in the rule's counters (RLS calls on the rule see them).
+/// What one bucket of a report comes to: the rule it met and the ask for its share (which RLS
+/// calls on the same descriptor see as a reservation: `store::quota::Reserved`).
 #[derive(Default)]
 pub(super) struct BucketPlan {
     pub rule: Option<String>,
     pub ask: Option<Ask>,
-    pub charges: Vec<Check>,
 }
 
-/// The rule the bucket meets and, when an enforced limit applies, the ask for its share and the
-/// after-the-fact charges of the `admitted` requests.
-#[allow(clippy::too_many_arguments)]
+/// The rule the bucket meets and, when an enforced limit applies, the ask for its share.
 pub(super) fn plan(
     decider: &Decider,
     snapshot: &Snapshot,
@@ -102,7 +99,6 @@ pub(super) fn plan(
     key: &BucketKey,
     gateway: u64,
     demand: f64,
-    admitted: u64,
     ttl: Duration,
 ) -> BucketPlan {
     let Some(ordered) = snapshot.bucket_descriptor(domain, key) else {
@@ -140,20 +136,6 @@ pub(super) fn plan(
         .chain(planned.layers.iter().map(|l| &l.check));
     let rate =
         |c: &crate::algorithm::Check| c.limit.requests as f64 / (c.limit.window_us as f64 / 1e6);
-    let charges: Vec<Check> = if admitted == 0 {
-        Vec::new()
-    } else {
-        checks
-            .clone()
-            .map(|c| Check {
-                hits: admitted,
-                refund: false,
-                // Spent already: recorded whole, past the limit if need be.
-                post_paid: true,
-                ..c.clone()
-            })
-            .collect()
-    };
     let Some(binding) = checks.min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
         return BucketPlan {
             rule: name,
@@ -161,17 +143,17 @@ pub(super) fn plan(
         };
     };
     let ask = Ask {
-        // Its own key beside the rule's counter, in the counter's hash tag.
-        key: format!("{}:q", binding.key),
+        // The descriptor: every layer's counter (and an RLS call's) shares its tag.
+        key: descriptor_tag(&binding.key).to_owned(),
         capacity: rate(binding),
         gateway,
         demand,
         ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
+        demand_only: false,
     };
     BucketPlan {
         rule: name,
         ask: Some(ask),
-        charges,
     }
 }
 

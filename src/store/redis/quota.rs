@@ -1,9 +1,10 @@
 //! RLQS grants in Redis, so that every replica on one Redis (standalone, Sentinel or Cluster)
 //! shares one rule's rate among all gateways: `lua/quota.lua` runs `algorithm::share::report`'s
 //! transition on Redis' clock, one script call for the asks of one report (one per slot on
-//! Cluster: a script's keys must share a slot). Reports come every few seconds per gateway, so
-//! the script is sent whole (EVAL). It must never decide on the host clock, nor keep a key
-//! without a TTL.
+//! Cluster: a script's keys must share a slot). What the live grants hold on each descriptor then
+//! goes into one index (`lua/quota_index.lua`) that every replica reads back each second for its
+//! RLS path. Reports come every few seconds per gateway, so the scripts are sent whole (EVAL). It
+//! must never decide on the host clock, nor keep a key without a TTL.
 
 use std::collections::BTreeMap;
 
@@ -16,29 +17,35 @@ use super::connection::Backend;
 use super::errors::classify;
 use crate::algorithm::share::{MAX_HOLDERS, Tokens};
 use crate::store::StoreError;
-use crate::store::quota::{Ask, GrantFuture, Grants, QuotaStore};
+use crate::store::quota::{
+    Ask, GrantFuture, Grants, MAX_QUOTA_KEYS, QuotaStore, Reservations, ReservationsFuture,
+};
 
 const QUOTA: &str = include_str!("../../../lua/quota.lua");
+const INDEX: &str = include_str!("../../../lua/quota_index.lua");
+const RESERVED: &str = include_str!("../../../lua/quota_reserved.lua");
+
+/// One descriptor's grants after a report: the reporting gateway's grant, what all live grants
+/// hold (per second), when the longest ends and the clock they were computed on (µs).
+struct Granted {
+    tokens: Option<Tokens>,
+    held: String,
+    ends_us: i64,
+    now_us: i64,
+}
 
 impl RedisStore {
-    /// One script call for `asks` (all in one slot on Cluster).
-    async fn grant_group(
-        &self,
-        asks: &[&Ask],
-        deadline: Instant,
-    ) -> Result<Vec<Option<Tokens>>, StoreError> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(QUOTA).arg(asks.len());
-        for ask in asks {
-            cmd.arg(format!("{}{}", self.prefix, ask.key));
-        }
-        for ask in asks {
-            cmd.arg(ask.capacity.to_string())
-                .arg(ask.gateway.to_string())
-                .arg(ask.demand.to_string())
-                .arg(ask.ttl_us);
-        }
-        cmd.arg(MAX_HOLDERS);
+    /// The grants of descriptor `tag`.
+    fn quota_key(&self, tag: &str) -> String {
+        format!("{}{tag}:q", self.prefix)
+    }
+
+    /// The reservation index: its own hash tag, apart from every counter (theirs hold a `|`).
+    fn reserved_key(&self) -> String {
+        format!("{}{{rlqs-reserved}}", self.prefix)
+    }
+
+    async fn eval(&self, cmd: redis::Cmd, deadline: Instant) -> Result<Value, StoreError> {
         let budget = deadline.saturating_duration_since(Instant::now());
         let called = match &self.backend {
             Backend::Pool(set) => {
@@ -50,25 +57,75 @@ impl RedisStore {
                 tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
             }
         };
-        let reply = match called {
-            Ok(result) => result.map_err(|e| classify(&e))?,
-            Err(_) => return Err(StoreError::Timeout(budget)),
-        };
-        let pairs: Vec<(u32, u32)> = redis::from_redis_value(reply)
+        match called {
+            Ok(result) => result.map_err(|e| classify(&e)),
+            Err(_) => Err(StoreError::Timeout(budget)),
+        }
+    }
+
+    /// One script call for `asks` (all in one slot on Cluster).
+    async fn grant_group(
+        &self,
+        asks: &[&Ask],
+        deadline: Instant,
+    ) -> Result<Vec<Granted>, StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(QUOTA).arg(asks.len());
+        for ask in asks {
+            cmd.arg(self.quota_key(&ask.key));
+        }
+        for ask in asks {
+            cmd.arg(ask.capacity.to_string())
+                .arg(ask.gateway.to_string())
+                .arg(ask.demand.to_string())
+                .arg(ask.ttl_us)
+                .arg(u8::from(ask.demand_only));
+        }
+        cmd.arg(MAX_HOLDERS);
+        let reply = self.eval(cmd, deadline).await?;
+        let (now_us, grants): (i64, Vec<(u32, u32, String, i64)>) = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Protocol(format!("quota script: {e}")))?;
-        if pairs.len() != asks.len() {
+        if grants.len() != asks.len() {
             return Err(StoreError::Protocol(format!(
                 "quota script answered {} grants for {} asks",
-                pairs.len(),
+                grants.len(),
                 asks.len()
             )));
         }
-        Ok(pairs
+        Ok(grants
             .into_iter()
-            .map(|(per_fill, every_s)| {
-                (per_fill > 0 && every_s > 0).then_some(Tokens { per_fill, every_s })
+            .map(|(per_fill, every_s, held, ends_us)| Granted {
+                tokens: (per_fill > 0 && every_s > 0).then_some(Tokens { per_fill, every_s }),
+                held,
+                ends_us,
+                now_us,
             })
             .collect())
+    }
+
+    /// Writes what the descriptors' grants hold into the reservation index. A descriptor the
+    /// full index cannot take is an error for its ask: RLS elsewhere would not see its grant.
+    async fn index(
+        &self,
+        entries: &[(&str, &Granted)],
+        deadline: Instant,
+    ) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(INDEX)
+            .arg(1)
+            .arg(self.reserved_key())
+            .arg(MAX_QUOTA_KEYS);
+        for (tag, g) in entries {
+            cmd.arg(*tag).arg(&g.held).arg(g.ends_us).arg(g.now_us);
+        }
+        let full: i64 = redis::from_redis_value(self.eval(cmd, deadline).await?)
+            .map_err(|e| StoreError::Protocol(format!("quota index: {e}")))?;
+        if full > 0 {
+            return Err(StoreError::Unavailable(format!(
+                "the reservation index holds {MAX_QUOTA_KEYS} descriptors already"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -80,38 +137,75 @@ impl QuotaStore for RedisStore {
             let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
             for (i, ask) in asks.iter().enumerate() {
                 let slot = if cluster {
-                    slot_of(&format!("{}{}", self.prefix, ask.key))
+                    slot_of(&self.quota_key(&ask.key))
                 } else {
                     0
                 };
                 groups.entry(slot).or_default().push(i);
             }
-            let mut out: Grants = (0..asks.len())
-                .map(|_| Err(StoreError::Protocol("not asked".into())))
-                .collect();
             let calls = groups.values().map(|members| async move {
                 let group: Vec<&Ask> = members.iter().map(|i| &asks[*i]).collect();
                 (members, self.grant_group(&group, deadline).await)
             });
+            let mut granted: Vec<Option<Result<Granted, StoreError>>> =
+                (0..asks.len()).map(|_| None).collect();
             for (members, result) in futures_util::future::join_all(calls).await {
                 match result {
                     Ok(grants) => {
                         for (i, grant) in members.iter().zip(grants) {
-                            out[*i] = Ok(grant);
+                            granted[*i] = Some(Ok(grant));
                         }
                     }
                     Err(error) => {
                         for i in members {
-                            out[*i] = Err(error.clone());
+                            granted[*i] = Some(Err(error.clone()));
                         }
                     }
                 }
             }
-            out
+            // A grant stands only once RLS on every replica can see it (within a read).
+            let entries: Vec<(&str, &Granted)> = asks
+                .iter()
+                .zip(&granted)
+                .filter_map(|(ask, g)| match g {
+                    Some(Ok(g)) => Some((ask.key.as_str(), g)),
+                    _ => None,
+                })
+                .collect();
+            let indexed = if entries.is_empty() {
+                Ok(())
+            } else {
+                self.index(&entries, deadline).await
+            };
+            granted
+                .into_iter()
+                .map(|g| match (g, &indexed) {
+                    (Some(Ok(g)), Ok(())) => Ok(g.tokens),
+                    (Some(Ok(_)), Err(error)) => Err(error.clone()),
+                    (Some(Err(error)), _) => Err(error),
+                    (None, _) => Err(StoreError::Protocol("not asked".into())),
+                })
+                .collect::<Grants>()
         })
     }
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn reservations(&self, deadline: Instant) -> ReservationsFuture<'_> {
+        Box::pin(async move {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(RESERVED).arg(1).arg(self.reserved_key());
+            let flat: Vec<String> = redis::from_redis_value(self.eval(cmd, deadline).await?)
+                .map_err(|e| StoreError::Protocol(format!("reservation index: {e}")))?;
+            let held: Reservations = flat
+                .chunks_exact(2)
+                .take(MAX_QUOTA_KEYS)
+                .filter_map(|pair| Some((pair[0].clone(), pair[1].parse::<f64>().ok()?)))
+                .filter(|(_, rate)| rate.is_finite() && *rate > 0.0)
+                .collect();
+            Ok(held)
+        })
     }
 }
