@@ -3,7 +3,7 @@
 //! the filter says), and enforces the token bucket it
 //! is assigned, with no call per request. Offered three times a tenant's rate, the gateway
 //! converges to the rate within a few reporting intervals; a bucket no rule limits is never
-//! refused.
+//! refused; a gateway on RLQS and one on RLS share one budget.
 
 mod common;
 
@@ -238,6 +238,54 @@ async fn two_gateways_on_two_replicas_share_one_cluster_budget() {
     let cluster = common::redis::RedisCluster::start();
     let seeds = cluster.seeds().join(",");
     two_gateways_share_one_budget(&["--store", "redis", "--redis-cluster", &seeds]).await;
+}
+
+/// RLS and RLQS on one descriptor: a gateway enforcing locally (RLQS, replica one) and a gateway
+/// calling per request (the ratelimit filter, replica two), both on one Redis, both offered three
+/// times the rate. What the first holds is reserved, the second's calls count against the rest,
+/// and the second's demand shrinks the first's share: together within the rate and one bucket,
+/// each a fair part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_on_rlqs_and_one_on_rls_share_one_budget() {
+    let redis = common::redis::RedisServer::start();
+    let rules = rules_dir();
+    let url = redis.url();
+    let store = ["--store", "redis", "--redis-url", url.as_str()];
+    let local = ServeProcess::spawn(rules.path(), &[&["--rlqs"], &store[..]].concat(), &[], &[]);
+    let per_call = ServeProcess::spawn(rules.path(), &store, &[], &[]);
+    let mut a = Gateway::new("edge", &[local.grpc_port]);
+    a.http_filters = rlqs_filter();
+    let mut b = Gateway::new("edge", &[per_call.grpc_port]);
+    b.route_rate_limits =
+        "- actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]".into();
+    // An answer that comes late must not pass as an allow.
+    b.timeout = "1s".into();
+    let (_envoy_a, _envoy_b) = (a.start(), b.start());
+
+    let run = Duration::from_secs(20);
+    let (answers_a, answers_b) =
+        tokio::join!(offer(&a, "shared", 30, run), offer(&b, "shared", 30, run));
+    // Settled after two report rounds: from 12 s to 20 s.
+    let (from, to) = (Duration::from_secs(12), run);
+    let (got_a, sent_a) = admitted_in(&answers_a, from, to);
+    let (got_b, sent_b) = admitted_in(&answers_b, from, to);
+    let seconds = (to - from).as_secs_f64();
+    eprintln!(
+        "RLQS gateway + RLS gateway on one Redis, both offered 30/s against 10/s for {seconds} s: {got_a} + {got_b} admitted of {sent_a} + {sent_b}"
+    );
+    // Within the rate, plus one bucket of the gateway's (a second of the rate at most).
+    let most = (10.0 * seconds) as usize + 10;
+    assert!(
+        got_a + got_b <= most,
+        "{got_a} + {got_b} > {most}\n{}\n{}",
+        local.log(),
+        per_call.log()
+    );
+    let fair = (10.0 * seconds / 2.0 * 0.6) as usize;
+    assert!(
+        got_a >= fair && got_b >= fair,
+        "{got_a} (RLQS) and {got_b} (RLS): each at least {fair}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
