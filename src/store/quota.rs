@@ -108,14 +108,6 @@ impl ReservedCache {
     pub fn replace(&self, reservations: Reservations) {
         self.map.store(Arc::new(reservations));
     }
-
-    pub fn len(&self) -> usize {
-        self.map.load().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl Reserved for ReservedCache {
@@ -282,5 +274,35 @@ mod tests {
         let grants = quota.grant(&asks[2..], far).await;
         assert_eq!(grants[0].as_ref().unwrap().unwrap().per_second(), 10.0);
         assert!(quota.holders("a").is_empty());
+    }
+
+    #[tokio::test]
+    async fn what_live_grants_hold_is_reserved_for_every_layer_until_they_expire() {
+        let clock = ManualClock::new(1_000_000);
+        let quota = MemoryQuota::new(Arc::new(clock.clone()));
+        let far = Instant::now() + std::time::Duration::from_secs(1);
+        let second = "{edge|tenant=a}:fw:1000000us";
+        let minute = "{edge|tenant=a}:sw60:60000000us";
+        assert_eq!(quota.reserved(second), 0.0);
+        let grants = quota.grant(&[ask("{edge|tenant=a}", 1, 30.0)], far).await;
+        assert_eq!(grants[0].as_ref().unwrap().unwrap().per_second(), 10.0);
+        assert_eq!(
+            (quota.reserved(second), quota.reserved(minute)),
+            (10.0, 10.0)
+        );
+        assert_eq!(quota.reserved("{edge|tenant=b}:fw:1000000us"), 0.0);
+        // RLS demand asks, and holds nothing.
+        let rls = Ask {
+            demand_only: true,
+            ..ask("{edge|tenant=a}", 7, 5.0)
+        };
+        assert_eq!(quota.grant(&[rls], far).await[0], Ok(None));
+        assert_eq!(quota.reserved(second), 10.0);
+        let read = quota.reservations(far).await.unwrap();
+        assert_eq!(read.get("{edge|tenant=a}"), Some(&10.0));
+        // The gateway gone: its grant reserves until it expires, then nothing.
+        clock.advance_us(3_000_001);
+        assert_eq!(quota.reserved(second), 0.0);
+        assert!(quota.reservations(far).await.unwrap().is_empty());
     }
 }
