@@ -257,7 +257,8 @@ async fn two_replicas_through_sentinel_share_one_rule() {
 }
 
 /// Redis away: the failure mode decides what a bucket is assigned (allow: ALLOW_ALL for a short
-/// while; deny: DENY_ALL; local: a share from this replica's memory), and it is counted.
+/// while; deny: DENY_ALL; local: a share from this replica's memory, which RLS through the same
+/// replica, counting locally too, counts against), and it is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_down_the_failure_mode_assigns() {
     use portcullis::limiter::FailureMode;
@@ -296,6 +297,19 @@ async fn with_redis_down_the_failure_mode_assigns() {
             .await
             .unwrap();
         assert_eq!(assigned(&actions[0]), expected, "{mode:?}");
+        if mode == FailureMode::Local {
+            // RLS through this replica counts locally too, against its own grants: the gateway
+            // holds the whole of tenant u; another tenant is free.
+            use portcullis::pb::rate_limit_response::Code;
+            let u = server
+                .ok(common::request("edge", &[&[("tenant", "u")]]))
+                .await;
+            assert_eq!(u.overall_code, Code::OverLimit as i32, "{u:?}");
+            let v = server
+                .ok(common::request("edge", &[&[("tenant", "v")]]))
+                .await;
+            assert_eq!(v.overall_code, Code::Ok as i32, "{v:?}");
+        }
         let metrics = server.running.as_ref().unwrap().metrics.encode();
         assert!(
             !metrics.contains("portcullis_rlqs_store_errors_total 0"),

@@ -30,14 +30,13 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::clock::Clock;
-use crate::limiter::FailureMode;
 use crate::pb::RateLimitServiceServer;
 use crate::rules::RulesError;
 use crate::service::admin::Routes;
 use crate::service::quota::QuotaService;
 use crate::service::{Decider, RlsService, admin};
 use crate::settings::Settings;
-use crate::store::quota::{MemoryQuota, QuotaStore, RlsTally};
+use crate::store::quota::{QuotaStore, RlsTally};
 use crate::telemetry::Metrics;
 
 /// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
@@ -230,8 +229,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             rules.clone(),
             quota.store,
             // `local`: each replica grants from its own memory while Redis is away.
-            (settings.failure_mode == FailureMode::Local)
-                .then(|| Arc::new(MemoryQuota::new(clock.clone())) as Arc<dyn QuotaStore>),
+            quota.fallback.map(|own| own as Arc<dyn QuotaStore>),
             metrics.clone(),
             config::quota_config(settings),
             stopped.clone(),

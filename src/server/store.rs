@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::settings::{Settings, StoreKind};
-use crate::store::quota::{MemoryQuota, QuotaStore, Reserved, ReservedCache};
+use crate::store::quota::{MemoryQuota, QuotaStore, Reserved, ReservedCache, ReservedSum};
 use crate::store::split::SplitStore;
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
@@ -23,6 +23,9 @@ pub(super) struct Quota {
     pub reserved: Arc<dyn Reserved>,
     /// Set when the reservations are read back from a shared store (`reserved::spawn`).
     pub cache: Option<Arc<ReservedCache>>,
+    /// Under `--failure-mode local` on Redis: this replica's own grants while Redis is away
+    /// (RLS, counting locally then too, counts against them).
+    pub fallback: Option<Arc<MemoryQuota>>,
 }
 
 /// The limiter over the store the settings name, and where RLQS grants live: the same Redis
@@ -39,6 +42,7 @@ pub(super) fn limiter(
             store: quota.clone(),
             reserved: quota,
             cache: None,
+            fallback: None,
         }
     };
     let memory = || {
@@ -76,10 +80,17 @@ pub(super) fn limiter(
                 .map_err(|e| StartError::Settings(e.to_string()))?;
             spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
             let cache = Arc::new(ReservedCache::default());
+            let fallback = (settings.failure_mode == FailureMode::Local)
+                .then(|| Arc::new(MemoryQuota::new(clock.clone())));
+            let mut reserved: Vec<Arc<dyn Reserved>> = vec![cache.clone()];
+            if let Some(own) = &fallback {
+                reserved.push(own.clone());
+            }
             let quota = Quota {
                 store: Arc::new(store.clone()),
-                reserved: cache.clone(),
+                reserved: Arc::new(ReservedSum(reserved)),
                 cache: Some(cache),
+                fallback,
             };
             let store: Box<dyn Store> = match per_second_settings(settings) {
                 None => Box::new(store),

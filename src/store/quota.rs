@@ -67,6 +67,16 @@ pub trait Reserved: Send + Sync + 'static {
     fn reserved(&self, counter_key: &str) -> f64;
 }
 
+/// What several sources of grants hold together (a shared store's index and, under
+/// `--failure-mode local`, the replica's own grants made while the store was away).
+pub struct ReservedSum(pub Vec<Arc<dyn Reserved>>);
+
+impl Reserved for ReservedSum {
+    fn reserved(&self, counter_key: &str) -> f64 {
+        self.0.iter().map(|r| r.reserved(counter_key)).sum()
+    }
+}
+
 /// RLS hits on descriptors gateways hold part of, tallied between two pushes to the quota store
 /// as demand-only asks, so that the gateways' fair shares leave RLS its part. Bounded: a
 /// descriptor past `MAX_QUOTA_KEYS` is not tallied until the next push.
