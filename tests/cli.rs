@@ -216,7 +216,10 @@ fn explain_shows_how_each_level_matched() {
         "path=/nowhere",
     ]);
     assert!(out.contains("no match at this level"), "{out}");
-    assert!(out.contains("no rule"), "{out}");
+    assert!(
+        out.contains("no rule: level 1 matches nothing the rules define there"),
+        "{out}"
+    );
 
     let (_, out) = portcullis(&["explain", "--config", config, "--domain", "nope", "k=v"]);
     assert!(out.contains("not configured"), "{out}");

@@ -192,12 +192,22 @@ pub fn render(e: &Explanation, call: &Call, snapshot: &Snapshot, scaling: &Scali
                 "no rule: the descriptor is deeper than any rule that matched"
             );
         }
-        None => {
-            let _ = writeln!(
-                out,
-                "no rule: nothing configured at this depth; the descriptor is OK, not counted"
-            );
-        }
+        None => match e.steps.iter().position(|s| s.matched.is_none()) {
+            // The lookup stopped on an entry the rules do not name at its level.
+            Some(level) => {
+                let _ = writeln!(
+                    out,
+                    "no rule: level {} matches nothing the rules define there; the descriptor is OK, not counted",
+                    level + 1
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "no rule: the entries match, but no limit is set at this depth; the descriptor is OK, not counted"
+                );
+            }
+        },
     }
     out
 }
