@@ -267,6 +267,12 @@ async fn the_admin_listener_shows_each_stream_its_buckets_and_what_they_were_ass
         .expect("the other");
     assert_eq!(colour["assignment"], "allow_all");
     assert!(colour["rule"].is_null());
+    // What RLS on this replica counts as held: the tenant's descriptor, all of its 10/s.
+    assert_eq!(
+        doc["reserved"],
+        serde_json::json!([{"descriptor": "{edge|tenant=a}", "per_second": 10.0}]),
+        "{doc:#}"
+    );
     let metrics = server.running.as_ref().unwrap().metrics.encode();
     assert!(metrics.contains("portcullis_rlqs_buckets 2"), "{metrics}");
     for series in ["rlqs_rule_buckets", "rlqs_rule_streams"] {

@@ -137,6 +137,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         },
         stopped.clone(),
     ));
+    let reserved_view = quota.reserved.clone();
     let limiter = Arc::new(limiter);
     let config = config::service_config(settings);
     // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the
@@ -188,7 +189,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     let decider = Arc::new(
         Decider::new(rules.clone(), limiter.clone(), config, metrics.clone())
             .with_scaling(scaling_handle.scaling.clone())
-            .with_reserved(quota.reserved.clone(), tally),
+            .with_reserved(reserved_view.clone(), tally),
     );
 
     let grpc_listener = bind(settings.grpc_addr).await?;
@@ -235,7 +236,9 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             stopped.clone(),
         )
     });
-    let quota_registry = quota.as_ref().map(QuotaService::registry);
+    let quota_registry = quota
+        .as_ref()
+        .map(|q| (QuotaService::registry(q), reserved_view.clone()));
     let (health, grpc_task) = grpc::serve(
         settings,
         grpc_listener,

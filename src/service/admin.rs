@@ -26,6 +26,7 @@ use super::{Decider, json};
 use crate::limiter::Limiter;
 use crate::rules::Snapshot;
 use crate::rules::scaling::{Scope, check_factor};
+use crate::store::quota::Reserved;
 use crate::telemetry::Metrics;
 
 #[derive(Clone)]
@@ -47,8 +48,9 @@ pub struct AdminState {
     pub scaling_token_file: Option<std::path::PathBuf>,
     /// A statsd_exporter mapping for the Go-named series (else the Go service's default one).
     pub go_mapping: Option<Arc<crate::telemetry::statsd_mapping::StatsdMapping>>,
-    /// What the quota service (RLQS) has assigned, when it runs: `GET /rlqs`.
-    pub quota: Option<Arc<super::quota::Registry>>,
+    /// What the quota service (RLQS) has assigned, when it runs, and what RLS sees held:
+    /// `GET /rlqs`.
+    pub quota: Option<(Arc<super::quota::Registry>, Arc<dyn Reserved>)>,
 }
 
 /// Which endpoints one HTTP listener serves.
@@ -92,13 +94,13 @@ pub fn router(state: AdminState, routes: &Routes) -> Router {
     }
     if routes.rules {
         router = router.route("/rlconfig", get(rlconfig));
-        if let Some(quota) = state.quota.clone() {
+        if let Some((quota, reserved)) = state.quota.clone() {
             router = router.route(
                 "/rlqs",
                 get(move || async move {
                     (
                         [(http::header::CONTENT_TYPE, "application/json")],
-                        quota.json(),
+                        quota.json(reserved.as_ref()),
                     )
                 }),
             );

@@ -65,6 +65,9 @@ pub trait QuotaStore: Send + Sync + 'static {
 pub trait Reserved: Send + Sync + 'static {
     /// 0 when no gateway holds any part of it.
     fn reserved(&self, counter_key: &str) -> f64;
+
+    /// Every descriptor held, as RLS sees it now (for `GET /rlqs`).
+    fn listed(&self) -> Reservations;
 }
 
 /// What several sources of grants hold together (a shared store's index and, under
@@ -74,6 +77,16 @@ pub struct ReservedSum(pub Vec<Arc<dyn Reserved>>);
 impl Reserved for ReservedSum {
     fn reserved(&self, counter_key: &str) -> f64 {
         self.0.iter().map(|r| r.reserved(counter_key)).sum()
+    }
+
+    fn listed(&self) -> Reservations {
+        let mut all = Reservations::new();
+        for part in &self.0 {
+            for (tag, held) in part.listed() {
+                *all.entry(tag).or_default() += held;
+            }
+        }
+        all
     }
 }
 
@@ -127,6 +140,10 @@ impl Reserved for ReservedCache {
             return 0.0;
         }
         map.get(descriptor_tag(counter_key)).copied().unwrap_or(0.0)
+    }
+
+    fn listed(&self) -> Reservations {
+        Reservations::clone(&self.map.load())
     }
 }
 
@@ -216,14 +233,7 @@ impl QuotaStore for MemoryQuota {
     }
 
     fn reservations(&self, _deadline: Instant) -> ReservationsFuture<'_> {
-        let now = self.clock.now_us();
-        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        let held = table
-            .iter()
-            .map(|(tag, holders)| (tag.clone(), live_total(holders, now)))
-            .filter(|(_, rate)| *rate > 0.0)
-            .collect();
-        Box::pin(std::future::ready(Ok(held)))
+        Box::pin(std::future::ready(Ok(self.listed())))
     }
 }
 
@@ -247,6 +257,16 @@ impl Reserved for MemoryQuota {
         table
             .get(descriptor_tag(counter_key))
             .map_or(0.0, |holders| live_total(holders, now))
+    }
+
+    fn listed(&self) -> Reservations {
+        let now = self.clock.now_us();
+        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .iter()
+            .map(|(tag, holders)| (tag.clone(), live_total(holders, now)))
+            .filter(|(_, rate)| *rate > 0.0)
+            .collect()
     }
 }
 
