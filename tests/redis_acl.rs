@@ -1,13 +1,14 @@
 //! The Redis ACL README gives is enough: a user made with exactly that line decides every
-//! algorithm, refunds and post-paid charges, keeps temporary scaling factors, and answers
-//! readiness, with no NOPERM anywhere (Redis checks the commands a script calls against the
-//! user's permissions).
+//! algorithm, refunds and post-paid charges, keeps temporary scaling factors, grants RLQS
+//! shares and keeps the reservations RLS reads, and answers readiness, with no NOPERM anywhere
+//! (Redis checks the commands a script calls against the user's permissions).
 
 mod common;
 
 use std::time::Duration;
 
 use common::redis::{RedisServer, cli};
+use common::rlqs::{Gateway, assigned};
 use common::{TestServer, descriptor, http, request, sample};
 use portcullis::limiter::FailureMode;
 use portcullis::pb::rate_limit_response::Code;
@@ -60,6 +61,7 @@ async fn the_readme_acl_is_all_the_service_needs() {
         s.store_timeout = Duration::from_secs(2);
         s.failure_mode = FailureMode::Deny;
         s.admin_scaling = true;
+        s.rlqs.rlqs = true;
     })
     .await;
     for key in ["sliding", "bucket", "fixed", "tokens"] {
@@ -86,6 +88,24 @@ async fn the_readme_acl_is_all_the_service_needs() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    // RLQS: a share granted (not the failure mode's DENY_ALL), RLS demand on the held descriptor
+    // pushed and the reservations read back (listed by /rlqs once read), without an error.
+    let mut gateway = Gateway::open(&server).await;
+    let actions = gateway
+        .report("acl", &[(&[("fixed", "g")], 3, 0)])
+        .await
+        .unwrap();
+    assert!(assigned(&actions[0]).starts_with("tokens"), "{actions:?}");
+    server.ok(request("acl", &[&[("fixed", "g")]])).await;
+    let started = std::time::Instant::now();
+    loop {
+        let (_, body) = http(admin, "GET", "/rlqs", "").await;
+        if body.contains("{acl|fixed=g}") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (status, body) = http(admin, "GET", "/readyz", "").await;
     assert_eq!(status, 200, "{body}");
     let (_, metrics) = http(admin, "GET", "/metrics", "").await;
@@ -104,5 +124,11 @@ async fn the_readme_acl_is_all_the_service_needs() {
         ),
         0.0
     );
+    for series in [
+        "portcullis_rlqs_store_errors_total",
+        "portcullis_rlqs_reserved_errors_total",
+    ] {
+        assert_eq!(sample(&metrics, series), 0.0, "{series}\n{metrics}");
+    }
     server.stop().await;
 }
