@@ -275,6 +275,16 @@ async fn the_admin_listener_shows_each_stream_its_buckets_and_what_they_were_ass
     );
     let metrics = server.running.as_ref().unwrap().metrics.encode();
     assert!(metrics.contains("portcullis_rlqs_buckets 2"), "{metrics}");
+    // The gauge of held descriptors follows within a second on the memory store too.
+    let started = std::time::Instant::now();
+    loop {
+        let metrics = server.running.as_ref().unwrap().metrics.encode();
+        if common::sample(&metrics, "portcullis_rlqs_reserved_descriptors") == 1.0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(3), "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for series in ["rlqs_rule_buckets", "rlqs_rule_streams"] {
         let line = format!("portcullis_{series}{{domain=\"edge\",rule=\"edge.tenant\"}} 1");
         assert!(metrics.contains(&line), "{line}\n{metrics}");

@@ -54,19 +54,20 @@ impl Keeper {
                 self.failed(&error, "could not push RLS demand to the quota store", log);
             }
         }
-        if let Some(cache) = &self.cache {
-            match self.quota.reservations(deadline).await {
-                Ok(held) => {
-                    let count = i64::try_from(held.len()).unwrap_or(i64::MAX);
-                    self.metrics.quota.reserved_descriptors.set(count);
+        // Read on every store for the gauge; kept only where RLS reads a copy (a shared store).
+        match self.quota.reservations(deadline).await {
+            Ok(held) => {
+                let count = i64::try_from(held.len()).unwrap_or(i64::MAX);
+                self.metrics.quota.reserved_descriptors.set(count);
+                if let Some(cache) = &self.cache {
                     cache.replace(held);
                 }
-                Err(error) => self.failed(
-                    &error,
-                    "could not read the RLQS reservations; RLS counts against the last read",
-                    log,
-                ),
             }
+            Err(error) => self.failed(
+                &error,
+                "could not read the RLQS reservations; RLS counts against the last read",
+                log,
+            ),
         }
     }
 
