@@ -71,6 +71,11 @@ impl Limit {
             _ => self.requests,
         }
     }
+
+    /// Its rate in requests per second (what RLQS shares and reserves).
+    pub fn per_second(&self) -> f64 {
+        self.requests as f64 / (self.window_us as f64 / US_PER_SECOND as f64)
+    }
 }
 
 /// One descriptor, resolved to a limit, ready to count. `key` identifies the counter and is the

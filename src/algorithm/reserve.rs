@@ -20,7 +20,7 @@ pub fn reserve(limit: &Limit, reserved_per_second: f64) -> Limit {
     {
         return *limit;
     }
-    let rate = limit.requests as f64 / (limit.window_us as f64 / 1e6);
+    let rate = limit.per_second();
     let left = (1.0 - reserved_per_second / rate).clamp(0.0, 1.0);
     let part = |n: u64| ((n as f64 * left + EPSILON).floor() as u64).min(n);
     let requests = part(limit.requests);

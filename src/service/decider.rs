@@ -84,8 +84,9 @@ impl Decider {
         };
         let held = reserved.reserved(&first.key);
         if held > 0.0 && !first.refund && first.hits > 0 {
-            let rate = |c: &Check| c.limit.requests as f64 / (c.limit.window_us as f64 / 1e6);
-            let binding = checks.map(rate).fold(rate(first), f64::min);
+            let binding = checks
+                .map(|c| c.limit.per_second())
+                .fold(first.limit.per_second(), f64::min);
             tally.note(&first.key, first.hits, binding);
         }
         held

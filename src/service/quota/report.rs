@@ -134,8 +134,7 @@ pub(super) fn plan(
         .check
         .iter()
         .chain(planned.layers.iter().map(|l| &l.check));
-    let rate =
-        |c: &crate::algorithm::Check| c.limit.requests as f64 / (c.limit.window_us as f64 / 1e6);
+    let rate = |c: &crate::algorithm::Check| c.limit.per_second();
     let Some(binding) = checks.min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
         return BucketPlan {
             rule: name,

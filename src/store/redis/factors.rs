@@ -7,8 +7,6 @@ use redis::Value;
 use tokio::time::Instant;
 
 use super::RedisStore;
-use super::connection::Backend;
-use super::errors::classify;
 use crate::store::{SharedFactors, StoreError};
 
 /// Reads every temporary scaling factor with Redis' clock: `{now_ms, {field, "factor|expiry", …}}`.
@@ -35,23 +33,9 @@ impl RedisStore {
         args: &[String],
         deadline: Instant,
     ) -> Result<Value, StoreError> {
-        let budget = deadline.saturating_duration_since(Instant::now());
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(script).arg(1).arg(self.factors_key()).arg(args);
-        let called = match &self.backend {
-            Backend::Pool(set) => {
-                let mut conn = set.get_or_wait(deadline).await?.conn.clone();
-                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
-            }
-            Backend::Cluster(cluster) => {
-                let mut conn = cluster.clone();
-                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
-            }
-        };
-        match called {
-            Ok(result) => result.map_err(|e| classify(&e)),
-            Err(_) => Err(StoreError::Timeout(budget)),
-        }
+        self.query(cmd, deadline).await
     }
 }
 

@@ -219,6 +219,30 @@ impl RedisStore {
         (keys, args)
     }
 
+    /// One command within `deadline`, on whichever backend: the small scripts (scaling factors,
+    /// RLQS grants and reservations), rare calls outside the decision path.
+    pub(super) async fn query(
+        &self,
+        cmd: redis::Cmd,
+        deadline: Instant,
+    ) -> Result<Value, StoreError> {
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let called = match &self.backend {
+            Backend::Pool(set) => {
+                let mut conn = set.get_or_wait(deadline).await?.conn.clone();
+                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
+            }
+            Backend::Cluster(cluster) => {
+                let mut conn = cluster.clone();
+                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
+            }
+        };
+        match called {
+            Ok(result) => result.map_err(|e| errors::classify(&e)),
+            Err(_) => Err(StoreError::Timeout(budget)),
+        }
+    }
+
     /// Waits up to `timeout` for Redis to be usable and says what it is (version), or why not;
     /// loads the script on the way (NOPERM for scripting shows here). For the start-up log.
     pub async fn probe(&self, timeout: Duration) -> Result<String, StoreError> {

@@ -8,13 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use redis::Value;
 use tokio::time::Instant;
 
 use super::RedisStore;
 use super::cluster_batch::slot_of;
 use super::connection::Backend;
-use super::errors::classify;
 use crate::algorithm::share::{MAX_HOLDERS, Tokens};
 use crate::store::StoreError;
 use crate::store::quota::{
@@ -45,24 +43,6 @@ impl RedisStore {
         format!("{}{{rlqs-reserved}}", self.prefix)
     }
 
-    async fn eval(&self, cmd: redis::Cmd, deadline: Instant) -> Result<Value, StoreError> {
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let called = match &self.backend {
-            Backend::Pool(set) => {
-                let mut conn = set.get_or_wait(deadline).await?.conn.clone();
-                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
-            }
-            Backend::Cluster(cluster) => {
-                let mut conn = cluster.clone();
-                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
-            }
-        };
-        match called {
-            Ok(result) => result.map_err(|e| classify(&e)),
-            Err(_) => Err(StoreError::Timeout(budget)),
-        }
-    }
-
     /// One script call for `asks` (all in one slot on Cluster).
     async fn grant_group(
         &self,
@@ -82,7 +62,7 @@ impl RedisStore {
                 .arg(u8::from(ask.demand_only));
         }
         cmd.arg(MAX_HOLDERS);
-        let reply = self.eval(cmd, deadline).await?;
+        let reply = self.query(cmd, deadline).await?;
         let (now_us, grants): (i64, Vec<(u32, u32, String, i64)>) = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Protocol(format!("quota script: {e}")))?;
         if grants.len() != asks.len() {
@@ -118,7 +98,7 @@ impl RedisStore {
         for (tag, g) in entries {
             cmd.arg(*tag).arg(&g.held).arg(g.ends_us).arg(g.now_us);
         }
-        let full: i64 = redis::from_redis_value(self.eval(cmd, deadline).await?)
+        let full: i64 = redis::from_redis_value(self.query(cmd, deadline).await?)
             .map_err(|e| StoreError::Protocol(format!("quota index: {e}")))?;
         if full > 0 {
             return Err(StoreError::Unavailable(format!(
@@ -197,7 +177,7 @@ impl QuotaStore for RedisStore {
         Box::pin(async move {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(RESERVED).arg(1).arg(self.reserved_key());
-            let flat: Vec<String> = redis::from_redis_value(self.eval(cmd, deadline).await?)
+            let flat: Vec<String> = redis::from_redis_value(self.query(cmd, deadline).await?)
                 .map_err(|e| StoreError::Protocol(format!("reservation index: {e}")))?;
             let held: Reservations = flat
                 .chunks_exact(2)
