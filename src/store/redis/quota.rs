@@ -14,10 +14,10 @@ use super::RedisStore;
 use super::cluster_batch::slot_of;
 use super::connection::Backend;
 use crate::algorithm::share::{MAX_HOLDERS, Tokens};
-use crate::store::StoreError;
 use crate::store::quota::{
     Ask, GrantFuture, Grants, MAX_QUOTA_KEYS, QuotaStore, Reservations, ReservationsFuture,
 };
+use crate::store::{StoreError, in_call_order};
 
 const QUOTA: &str = include_str!("../../../lua/quota.lua");
 const INDEX: &str = include_str!("../../../lua/quota_index.lua");
@@ -127,30 +127,23 @@ impl QuotaStore for RedisStore {
                 let group: Vec<&Ask> = members.iter().map(|i| &asks[*i]).collect();
                 (members, self.grant_group(&group, deadline).await)
             });
-            let mut granted: Vec<Option<Result<Granted, StoreError>>> =
-                (0..asks.len()).map(|_| None).collect();
-            for (members, result) in futures_util::future::join_all(calls).await {
-                match result {
-                    Ok(grants) => {
-                        for (i, grant) in members.iter().zip(grants) {
-                            granted[*i] = Some(Ok(grant));
-                        }
-                    }
-                    Err(error) => {
-                        for i in members {
-                            granted[*i] = Some(Err(error.clone()));
-                        }
-                    }
-                }
-            }
+            let parts =
+                futures_util::future::join_all(calls)
+                    .await
+                    .into_iter()
+                    .map(|(members, result)| {
+                        let answers = match result {
+                            Ok(grants) => grants.into_iter().map(Ok).collect(),
+                            Err(error) => members.iter().map(|_| Err(error.clone())).collect(),
+                        };
+                        (members.clone(), answers)
+                    });
+            let granted = in_call_order(asks.len(), parts);
             // A grant stands only once RLS on every replica can see it (within a read).
             let entries: Vec<(&str, &Granted)> = asks
                 .iter()
                 .zip(&granted)
-                .filter_map(|(ask, g)| match g {
-                    Some(Ok(g)) => Some((ask.key.as_str(), g)),
-                    _ => None,
-                })
+                .filter_map(|(ask, g)| Some((ask.key.as_str(), g.as_ref().ok()?)))
                 .collect();
             let indexed = if entries.is_empty() {
                 Ok(())
@@ -160,10 +153,9 @@ impl QuotaStore for RedisStore {
             granted
                 .into_iter()
                 .map(|g| match (g, &indexed) {
-                    (Some(Ok(g)), Ok(())) => Ok(g.tokens),
-                    (Some(Ok(_)), Err(error)) => Err(error.clone()),
-                    (Some(Err(error)), _) => Err(error),
-                    (None, _) => Err(StoreError::Protocol("not asked".into())),
+                    (Ok(g), Ok(())) => Ok(g.tokens),
+                    (Ok(_), Err(error)) => Err(error.clone()),
+                    (Err(error), _) => Err(error),
                 })
                 .collect::<Grants>()
         })
