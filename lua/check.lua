@@ -27,7 +27,9 @@
 --       algorithms' refunds; 21, 22, 23 their post-paid charges: hits already consumed, recorded
 --       even when they do not fit, the reply still saying whether they did; 4 a blocked
 --       descriptor, refused) and five numbers whose meaning is the operation's (see `run`).
--- Returns one string: the calls separated by ';', each call's keys by ',', each key's numbers by
+-- Returns one string: '@' and the node's clock in microseconds and '|' when the script read
+-- TIME (so that every reply, even one whose calls all expired, tells Portcullis this node's
+-- clock), then the calls separated by ';', each call's keys by ',', each key's numbers by
 -- ' ' (common.lua's `reply`), as each algorithm function documents; or, for a key Redis could not
 -- decide or write (a write refused for memory, a key of another type), '!' and the error. Such an
 -- error fails only the keys it concerns (every key of an all-or-nothing call): the other calls'
@@ -269,4 +271,5 @@ for call = 1, #out do
   end
   out[call] = table.concat(out[call], ',')
 end
+if redis_now ~= nil then return string.format('@%d|', redis_now) .. table.concat(out, ';') end
 return table.concat(out, ';')

@@ -95,6 +95,14 @@ pub struct Check {
     pub post_paid: bool,
 }
 
+impl Check {
+    /// Whether it records consumption that has happened (a refund, or post-paid hits): the
+    /// counter must learn of it even when its caller has already been answered.
+    pub fn is_consumption(&self) -> bool {
+        self.refund || (self.post_paid && self.hits > 0)
+    }
+}
+
 /// How the checks of one call are charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ChargeMode {

@@ -37,6 +37,8 @@ pub struct Metrics {
     pub store_errors: Family<KindLabels, Counter>,
     pub store_connect_errors: Family<KindLabels, Counter>,
     pub failure_mode_answers: Family<ModeLabels, Counter>,
+    /// Refunds and post-paid charges still sent after their callers were answered.
+    pub late_charges: Family<ResultLabels, Counter>,
     pub rules_reloads: Family<ResultLabels, Counter>,
     pub rules_loaded_timestamp: Gauge<f64, AtomicU64>,
     pub unknown_domain: Counter,
@@ -82,6 +84,7 @@ impl Metrics {
             store_errors: Family::default(),
             store_connect_errors: Family::default(),
             failure_mode_answers: Family::default(),
+            late_charges: Family::default(),
             rules_reloads: Family::default(),
             rules_loaded_timestamp: Gauge::default(),
             unknown_domain: Counter::default(),
@@ -186,6 +189,14 @@ impl Metrics {
             "failure_mode_answers",
             "Calls answered by the failure mode because the store failed",
             m.failure_mode_answers.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "store_late_charges",
+            "Refunds and post-paid charges sent to the store after their callers were answered, by \
+             result (recorded, lost)",
+            m.late_charges.clone(),
         );
         register(
             &mut registry,

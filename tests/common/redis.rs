@@ -77,6 +77,8 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     extra: Vec<String>,
+    /// How far its wall clock runs from the host's, in µs (`clock_shift.c`), if at all.
+    clock_shift_us: Option<i64>,
 }
 
 impl RedisServer {
@@ -94,6 +96,11 @@ impl RedisServer {
     }
 
     fn start_full(port: u16, extra: &[&str]) -> RedisServer {
+        Self::start_clocked(port, extra, None)
+    }
+
+    /// Its wall clock `shift_us` away from the host's, when given (`clock_shift.c`).
+    fn start_clocked(port: u16, extra: &[&str], shift_us: Option<i64>) -> RedisServer {
         require_redis();
         let dir = tempfile::tempdir().expect("temp dir").keep();
         let mut server = RedisServer {
@@ -101,6 +108,7 @@ impl RedisServer {
             child: None,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            clock_shift_us: shift_us,
         };
         server.launch();
         server
@@ -122,6 +130,7 @@ impl RedisServer {
             child: Some(child),
             dir,
             extra: Vec::new(),
+            clock_shift_us: None,
         }
     }
 
@@ -130,7 +139,13 @@ impl RedisServer {
     }
 
     fn launch(&mut self) {
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        if let Some(shift_us) = self.clock_shift_us {
+            command
+                .env("LD_PRELOAD", clock_shift_library())
+                .env("CLOCK_SHIFT_US", shift_us.to_string());
+        }
+        let child = command
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -187,6 +202,24 @@ impl Drop for RedisServer {
     }
 }
 
+/// `clock_shift.c` built once per test binary (with the machine's C compiler).
+fn clock_shift_library() -> &'static Path {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/clock_shift.c");
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("clock_shift_{}.so", std::process::id()));
+        let built = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .status()
+            .expect("a C compiler (cc) for tests/common/clock_shift.c");
+        assert!(built.success(), "tests/common/clock_shift.c did not build");
+        out
+    })
+}
+
 /// Three masters, three replicas, formed with `redis-cli --cluster create`.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
@@ -199,18 +232,28 @@ impl RedisCluster {
 
     /// Three masters with `replicas` replicas each (0 for a benchmark: replication costs CPU).
     pub fn start_with_replicas(replicas: usize) -> RedisCluster {
+        Self::start_with_clocks(replicas, &[])
+    }
+
+    /// Like `start_with_replicas`, node `i` (masters first) with its wall clock `shifts_us[i]`
+    /// off the host's when given: nodes whose clocks differ.
+    pub fn start_with_clocks(replicas: usize, shifts_us: &[Option<i64>]) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "1000",
-                    "--cluster-replica-validity-factor",
-                    "0",
-                ])
+            .map(|i| {
+                RedisServer::start_clocked(
+                    free_port(),
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--cluster-replica-validity-factor",
+                        "0",
+                    ],
+                    shifts_us.get(i).copied().flatten(),
+                )
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -336,6 +379,7 @@ impl RedisSentinel {
                     child: Some(child),
                     dir,
                     extra: Vec::new(),
+                    clock_shift_us: None,
                 };
                 wait_until("sentinel to answer", Duration::from_secs(10), || cli(port, &["PING"]) == "PONG");
                 server

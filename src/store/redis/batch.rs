@@ -10,18 +10,26 @@
 //! with its own mode, under one Redis `TIME`: a batch decides exactly what the same calls sent one
 //! by one would. It must never send a call whose caller has given up (its deadline passed while
 //! it waited): that would charge a budget for a call already answered by the failure mode. A
-//! call already sent carries its deadline on Redis' clock, and the script does not run it past
-//! that (`RedisClock`), so a script call held up on the way charges no call answered meanwhile.
+//! call already sent carries the deadline of its script call (the earliest of its callers') on
+//! Redis' clock, and the script does not run it past that (`RedisClock`, one estimate per node),
+//! so a script call held up on the way charges no call answered meanwhile.
+//!
+//! Consumption is the exception (a call of refunds and post-paid charges only, `Delivery::late`):
+//! its caller may be answered, but the counter must still learn of it. Such a call goes in a
+//! script call of its own, is sent whatever its caller's deadline, and runs whatever the script's
+//! clock says, for up to `LATE_CHARGE_WINDOW`.
 
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::clock::RedisClock;
 use super::connection::ConnectionSet;
 use super::script::{self, KeyReply, Replies};
 use super::{Route, classify, eval};
 use crate::store::StoreError;
+use crate::telemetry::{LogThrottle, Metrics, ResultLabels};
 
 /// Most calls in one script call.
 pub const MAX_CALLS: usize = 64;
@@ -29,38 +37,67 @@ pub const MAX_CALLS: usize = 64;
 pub const MAX_KEYS: usize = 256;
 /// Most calls waiting for a script call; beyond it a call fails at once (failure mode).
 pub const MAX_WAITING: usize = 4096;
+/// How long a late call (refunds and post-paid charges) is still sent and run after its caller
+/// has been answered: a Redis paused or failing over for longer loses it (counted and logged).
+pub const LATE_CHARGE_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How a call is delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// Refunds and post-paid charges only: consumption already happened, so the call is sent
+    /// and run even after its caller was answered (within `LATE_CHARGE_WINDOW`).
+    pub late: bool,
+    /// The script may refuse to run the call past its script call's deadline (false for late
+    /// calls, and for a test's fixed clock, which Redis' clock says nothing about).
+    pub carries_deadline: bool,
+}
 
 /// One call's part of a batch: its keys, and its arguments as the script reads them per call
-/// (clock, mode, key count, six numbers per key).
+/// (clock, deadline, mode, key count, six numbers per key).
 pub(super) struct Job {
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<i64>,
+    /// When its caller stops waiting.
     pub(super) deadline: Instant,
+    /// After it, the call is not sent: its caller's deadline, or for a late call the end of
+    /// `LATE_CHARGE_WINDOW`.
+    pub(super) send_until: Instant,
+    pub(super) delivery: Delivery,
     pub(super) reply: oneshot::Sender<Result<Vec<KeyReply>, StoreError>>,
 }
 
 impl Job {
-    /// Whether its caller still waits (not past its deadline, not gone).
+    /// Whether it is still to be sent: its caller still waits (not past its deadline, not gone),
+    /// or it is a late call within its window.
     pub(super) fn wanted(&self, now: Instant) -> bool {
-        self.deadline > now && !self.reply.is_closed()
+        self.send_until > now && (self.delivery.late || !self.reply.is_closed())
     }
 }
 
 /// Queues one call on a dispatcher (`wrap` adds what that dispatcher routes by) and waits for
-/// its replies until `deadline`; a full queue fails the call at once.
+/// its replies until `deadline`; a full queue fails the call at once. A late call stays queued
+/// (and is sent) after its caller stops waiting.
 pub(super) async fn submit<T>(
     queue: &mpsc::Sender<T>,
     wrap: impl FnOnce(Job) -> T,
     keys: Vec<String>,
     args: Vec<i64>,
     deadline: Instant,
+    delivery: Delivery,
 ) -> Result<Vec<KeyReply>, StoreError> {
     let budget = deadline.saturating_duration_since(Instant::now());
     let (reply, answer) = oneshot::channel();
+    let send_until = if delivery.late {
+        deadline.max(Instant::now() + LATE_CHARGE_WINDOW)
+    } else {
+        deadline
+    };
     let job = Job {
         keys,
         args,
         deadline,
+        send_until,
+        delivery,
         reply,
     };
     queue.try_send(wrap(job)).map_err(|e| match e {
@@ -85,7 +122,8 @@ pub(super) async fn submit<T>(
 /// its reply), and the earliest deadline: the script call is given up when its first caller
 /// gives up, so that no caller is answered by the failure mode while its call may still be
 /// sent or charged after (calls of one batch arrive within a moment of each other, under one
-/// configured timeout).
+/// configured timeout). Every call that carries a deadline carries that one, on Redis' clock as
+/// `clock` estimates it: a script call given up at it charges none of its calls later.
 pub(super) struct Merged {
     pub(super) keys: Vec<String>,
     pub(super) args: Vec<i64>,
@@ -93,12 +131,38 @@ pub(super) struct Merged {
     pub(super) deadline: Instant,
 }
 
-pub(super) fn merge(jobs: Vec<Job>) -> Merged {
+/// Where a call's deadline sits in its arguments (after its clock).
+const DEADLINE_ARG: usize = 1;
+
+/// Splits jobs into the calls that wait for their callers and the late ones: each group goes in
+/// script calls of its own, so that a late call is never given up at another caller's deadline.
+pub(super) fn by_delivery<T>(jobs: Vec<T>, job: impl Fn(&T) -> &Job) -> [Vec<T>; 2] {
+    let (late, waited): (Vec<T>, Vec<T>) = jobs.into_iter().partition(|j| job(j).delivery.late);
+    [waited, late]
+}
+
+pub(super) fn merge(jobs: Vec<Job>, clock: &RedisClock) -> Merged {
     let deadline = jobs
         .iter()
-        .map(|j| j.deadline)
+        .map(|j| j.send_until)
         .min()
         .unwrap_or_else(Instant::now);
+    let expires_us = jobs
+        .iter()
+        .filter(|j| j.delivery.carries_deadline)
+        .map(|j| j.deadline)
+        .min()
+        .map_or(0, |at| clock.on_redis(at));
+    let mut jobs = jobs;
+    for job in &mut jobs {
+        if let Some(arg) = job.args.get_mut(DEADLINE_ARG) {
+            *arg = if job.delivery.carries_deadline {
+                i64::try_from(expires_us).unwrap_or(0)
+            } else {
+                0
+            };
+        }
+    }
     let mut keys = Vec::with_capacity(jobs.iter().map(|j| j.keys.len()).sum());
     let mut args = Vec::with_capacity(2 + jobs.iter().map(|j| j.args.len()).sum::<usize>());
     args.push(jobs.len() as i64);
@@ -119,19 +183,27 @@ pub(super) fn merge(jobs: Vec<Job>) -> Merged {
 }
 
 /// Hands each job its part of the script's reply (one entry per call), or an error to all when
-/// the reply does not parse or fit.
-pub(super) fn answer(jobs: Vec<(usize, Job)>, reply: &redis::Value) {
-    let calls: Replies = match script::parse_reply(reply) {
-        Ok(calls) => calls,
-        Err(e) => return fail_all(jobs, e),
+/// the reply does not parse or fit; notes the node's clock, which the reply carries.
+pub(super) fn answer(
+    jobs: Vec<(usize, Job)>,
+    reply: &redis::Value,
+    clock: &RedisClock,
+    metrics: &Metrics,
+) {
+    let (redis_now, calls): (Option<u64>, Replies) = match script::parse_reply_with_clock(reply) {
+        Ok(parsed) => parsed,
+        Err(e) => return fail_all(jobs, e, metrics),
     };
+    if let Some(now_us) = redis_now {
+        clock.observe(now_us);
+    }
     if calls.len() != jobs.len() {
         let error = StoreError::Protocol(format!(
             "script answered {} calls of {}",
             calls.len(),
             jobs.len()
         ));
-        return fail_all(jobs, error);
+        return fail_all(jobs, error, metrics);
     }
     for ((count, job), per_key) in jobs.into_iter().zip(calls) {
         let replies = if per_key.len() == count {
@@ -142,14 +214,46 @@ pub(super) fn answer(jobs: Vec<(usize, Job)>, reply: &redis::Value) {
                 per_key.len()
             )))
         };
-        let _ = job.reply.send(replies);
+        deliver(job, replies, metrics);
     }
 }
 
-pub(super) fn fail_all(jobs: Vec<(usize, Job)>, error: StoreError) {
+pub(super) fn fail_all(jobs: Vec<(usize, Job)>, error: StoreError, metrics: &Metrics) {
     for (_, job) in jobs {
-        let _ = job.reply.send(Err(error.clone()));
+        deliver(job, Err(error.clone()), metrics);
     }
+}
+
+/// One failure log a second for late charges that could not be recorded.
+static LATE_LOST_LOG: std::sync::LazyLock<LogThrottle> =
+    std::sync::LazyLock::new(LogThrottle::default);
+
+/// Hands a job its replies; a late call whose caller has gone is counted (recorded, or lost
+/// with the reason logged).
+fn deliver(job: Job, replies: Result<Vec<KeyReply>, StoreError>, metrics: &Metrics) {
+    if job.delivery.late && job.reply.is_closed() {
+        let lost = match &replies {
+            Ok(keys) => keys.iter().find_map(|k| k.as_ref().err()).cloned(),
+            Err(e) => Some(e.clone()),
+        };
+        let result = if lost.is_some() { "lost" } else { "recorded" };
+        metrics
+            .late_charges
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+        if let Some(error) = lost
+            && let Some(skipped) = LATE_LOST_LOG.allow()
+        {
+            tracing::warn!(
+                %error,
+                similar_failures_not_logged = skipped,
+                "a refund or post-paid charge answered late could not be recorded in Redis"
+            );
+        }
+    }
+    let _ = job.reply.send(replies);
 }
 
 /// The sending side; cheap to clone. The dispatcher stops when the last clone is dropped.
@@ -158,12 +262,25 @@ pub struct Batcher {
     jobs: mpsc::Sender<Job>,
 }
 
+/// What every script call of a dispatcher shares: the connections, the node's clock as
+/// estimated from the replies, the metrics.
+struct Node {
+    set: Arc<ConnectionSet>,
+    clock: RedisClock,
+    metrics: Arc<Metrics>,
+}
+
 impl Batcher {
     /// Starts the dispatcher over `set`, with at most as many script calls in flight as connections.
-    pub fn spawn(set: Arc<ConnectionSet>, connections: usize) -> Batcher {
+    pub fn spawn(set: Arc<ConnectionSet>, connections: usize, metrics: Arc<Metrics>) -> Batcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
-        tokio::spawn(dispatch(
+        let node = Arc::new(Node {
             set,
+            clock: RedisClock::default(),
+            metrics,
+        });
+        tokio::spawn(dispatch(
+            node,
             queue,
             Arc::new(Semaphore::new(connections.max(1))),
         ));
@@ -177,12 +294,13 @@ impl Batcher {
         keys: Vec<String>,
         args: Vec<i64>,
         deadline: Instant,
+        delivery: Delivery,
     ) -> Result<Vec<KeyReply>, StoreError> {
-        submit(&self.jobs, |job| job, keys, args, deadline).await
+        submit(&self.jobs, |job| job, keys, args, deadline, delivery).await
     }
 }
 
-async fn dispatch(set: Arc<ConnectionSet>, mut queue: mpsc::Receiver<Job>, free: Arc<Semaphore>) {
+async fn dispatch(node: Arc<Node>, mut queue: mpsc::Receiver<Job>, free: Arc<Semaphore>) {
     loop {
         // A connection first, then the calls: whatever queued while none was free goes together.
         let Ok(permit) = free.clone().acquire_owned().await else {
@@ -209,28 +327,26 @@ async fn dispatch(set: Arc<ConnectionSet>, mut queue: mpsc::Receiver<Job>, free:
         if live.is_empty() {
             continue;
         }
-        let set = set.clone();
+        let node = node.clone();
         tokio::spawn(async move {
-            send(&set, live).await;
+            let [waited, late] = by_delivery(live, |j| j);
+            futures_util::future::join(send(&node, waited), send(&node, late)).await;
             drop(permit);
         });
     }
 }
 
-/// One script call for `jobs`; every job gets its replies, or the call's error.
-async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
-    let deadline = jobs
-        .iter()
-        .map(|j| j.deadline)
-        .min()
-        .unwrap_or_else(Instant::now);
-    let live = match set.get_or_wait(deadline).await {
+/// One script call for `jobs` (none: nothing sent); every job gets its replies, or the call's
+/// error.
+async fn send(node: &Node, jobs: Vec<Job>) {
+    let Some(deadline) = jobs.iter().map(|j| j.send_until).min() else {
+        return;
+    };
+    let live = match node.set.get_or_wait(deadline).await {
         Ok(live) => live,
         Err(e) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
-            }
-            return;
+            let jobs = jobs.into_iter().map(|j| (0, j)).collect();
+            return fail_all(jobs, e, &node.metrics);
         }
     };
     // Waiting for a connection took time: a call whose caller has gone is not sent.
@@ -244,7 +360,7 @@ async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
         args,
         jobs,
         deadline,
-    } = merge(jobs);
+    } = merge(jobs, &node.clock);
     let mut conn = live.conn.clone();
     let budget = deadline.saturating_duration_since(Instant::now());
     let called = tokio::time::timeout_at(
@@ -255,15 +371,15 @@ async fn send(set: &Arc<ConnectionSet>, jobs: Vec<Job>) {
     match called {
         Ok(Ok(reply)) => {
             live.succeeded();
-            answer(jobs, &reply);
+            answer(jobs, &reply, &node.clock, &node.metrics);
         }
         Ok(Err(e)) => {
             live.failed(&e);
-            fail_all(jobs, classify(&e));
+            fail_all(jobs, classify(&e), &node.metrics);
         }
         Err(_) => {
             live.timed_out();
-            fail_all(jobs, StoreError::Timeout(budget));
+            fail_all(jobs, StoreError::Timeout(budget), &node.metrics);
         }
     }
 }

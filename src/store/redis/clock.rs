@@ -1,6 +1,8 @@
-//! This process's estimate of Redis' clock, so that a call can carry its deadline on the clock the
-//! script reads (`TIME`). It must never serve a decision: Redis' clock alone decides; this only
-//! tells the script when a caller has stopped waiting.
+//! This process's estimate of one Redis node's clock, so that a call can carry its deadline on the
+//! clock the script reads (`TIME`). One per node (each dispatcher lane keeps its own): nodes'
+//! clocks differ, and a deadline put on another node's clock would expire calls that are on time.
+//! It must never serve a decision: Redis' clock alone decides; this only tells the script when a
+//! caller has stopped waiting.
 
 use tokio::time::Instant;
 
@@ -12,7 +14,8 @@ use tokio::time::Instant;
 /// The estimate is Redis' reading minus this process's monotonic clock when the reply arrives:
 /// never later than the truth (the reply took time to arrive), so a deadline carried is never
 /// later than the caller's. Used only while fresh; a Redis clock that steps (a failover) is
-/// caught up by the next reply.
+/// caught up by the next reply: every reply of the script tells its clock, even one whose calls
+/// all expired.
 #[derive(Default)]
 pub struct RedisClock {
     offset_us: std::sync::atomic::AtomicI64,

@@ -6,6 +6,7 @@
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
+use super::batch::Delivery;
 use super::script::{self, KeyReply, ScriptClock};
 use super::{RedisStore, cluster_batch};
 use crate::algorithm::{ChargeMode, Check};
@@ -42,12 +43,16 @@ impl RedisStore {
         clock: ScriptClock,
         deadline: Instant,
         mode: i64,
+        delivery: Delivery,
     ) -> Vec<KeyReply> {
         let groups = by_slot(&self.prefix, checks);
         let calls = groups.iter().map(|(slot, members)| {
             let group: Vec<&Check> = members.iter().map(|&i| checks[i]).collect();
             async move {
-                match self.eval_slot(*slot, &group, clock, mode, deadline).await {
+                match self
+                    .eval_slot(*slot, &group, clock, mode, deadline, delivery)
+                    .await
+                {
                     Ok(values) if values.len() == group.len() => values,
                     Ok(values) => vec![
                         Err(StoreError::Protocol(format!(
@@ -75,12 +80,13 @@ impl RedisStore {
         clock: ScriptClock,
         mode: i64,
         deadline: Instant,
+        delivery: Delivery,
     ) -> Result<Vec<KeyReply>, StoreError> {
         let Some(batcher) = &self.node_batcher else {
             return Err(StoreError::Protocol("no Cluster dispatcher".into()));
         };
-        let (keys, args) = self.encode(checks, clock, mode, deadline);
-        batcher.call(slot, keys, args, deadline).await
+        let (keys, args) = self.encode(checks, clock, mode);
+        batcher.call(slot, keys, args, deadline, delivery).await
     }
 
     /// Cluster, all or nothing: one script call, atomic, when every key is in one slot (one
@@ -95,22 +101,23 @@ impl RedisStore {
         checks: &[&Check],
         clock: ScriptClock,
         deadline: Instant,
+        delivery: Delivery,
     ) -> Vec<KeyReply> {
         let all_or_nothing = script::mode_arg(ChargeMode::AllOrNothing);
         if by_slot(&self.prefix, checks).len() <= 1 {
             return self
-                .each_slot_on_cluster(checks, clock, deadline, all_or_nothing)
+                .each_slot_on_cluster(checks, clock, deadline, all_or_nothing, delivery)
                 .await;
         }
         let looked = self
-            .each_slot_on_cluster(checks, clock, deadline, script::LOOK_ALL)
+            .each_slot_on_cluster(checks, clock, deadline, script::LOOK_ALL, delivery)
             .await;
         let all_pass = checks.iter().zip(&looked).all(|(check, answer)| {
             check.refund || answer.as_ref().is_ok_and(|reply| script::allowed(reply))
         });
         if all_pass {
             return self
-                .each_slot_on_cluster(checks, clock, deadline, all_or_nothing)
+                .each_slot_on_cluster(checks, clock, deadline, all_or_nothing, delivery)
                 .await;
         }
         // Refunds and post-paid charges always apply; the other charges answer what the look
@@ -119,7 +126,7 @@ impl RedisStore {
         let to_run: Vec<&Check> = checks.iter().copied().filter(applies).collect();
         let each_alone = script::mode_arg(ChargeMode::EachAlone);
         let mut ran = self
-            .each_slot_on_cluster(&to_run, clock, deadline, each_alone)
+            .each_slot_on_cluster(&to_run, clock, deadline, each_alone, delivery)
             .await
             .into_iter();
         checks

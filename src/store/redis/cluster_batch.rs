@@ -11,8 +11,11 @@
 //! several slots) and carries the rest in its arguments; the script checks each is its node's
 //! (and not half migrated away) before it reads or writes anything, and answers TRYAGAIN when one
 //! is not: the batch then goes again as its calls, one by one, and the map is read again. The
-//! script applies the calls in arrival order, each on its own, under one Redis `TIME`. It must
-//! never send a check whose caller gave up, nor send again a batch that may have run.
+//! script applies the calls in arrival order, each on its own, under one Redis `TIME`. Each lane
+//! keeps its own estimate of its node's clock (nodes' clocks differ), which the deadlines it
+//! carries are put on. Late calls (refunds and post-paid charges: `batch::Delivery`) go in script
+//! calls of their own, sent whatever their callers' deadlines. It must never send a check whose
+//! caller gave up (a late call excepted), nor send again a batch that may have run.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -23,11 +26,15 @@ use redis::cluster_async::ClusterConnection;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
-use super::batch::{Job, MAX_CALLS, MAX_KEYS, Merged, answer, fail_all, merge, submit};
+use super::batch::{
+    Delivery, Job, MAX_CALLS, MAX_KEYS, Merged, answer, by_delivery, fail_all, merge, submit,
+};
+use super::clock::RedisClock;
 use super::errors::{classify, did_not_run, is_tryagain};
 use super::script::KeyReply;
 use super::send::{Spread, eval_on_cluster};
 use crate::store::StoreError;
+use crate::telemetry::Metrics;
 
 /// Slots in a Cluster.
 const SLOTS: usize = 16384;
@@ -76,12 +83,17 @@ struct Lane {
 }
 
 impl NodeBatcher {
-    pub fn spawn(cluster: ClusterConnection) -> NodeBatcher {
+    pub fn spawn(cluster: ClusterConnection, metrics: Arc<Metrics>) -> NodeBatcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
         let (maps, map) = watch::channel(None);
         let stale = Arc::new(Notify::new());
         tokio::spawn(keep_node_map(cluster.clone(), maps, stale.clone()));
-        tokio::spawn(dispatch(cluster, queue, map.clone(), stale));
+        let shared = Shared {
+            cluster,
+            stale,
+            metrics,
+        };
+        tokio::spawn(dispatch(shared, queue, map.clone()));
         NodeBatcher { jobs, map }
     }
 
@@ -94,8 +106,17 @@ impl NodeBatcher {
         keys: Vec<String>,
         args: Vec<i64>,
         deadline: Instant,
+        delivery: Delivery,
     ) -> Result<Vec<KeyReply>, StoreError> {
-        submit(&self.jobs, |job| (slot, job), keys, args, deadline).await
+        submit(
+            &self.jobs,
+            |job| (slot, job),
+            keys,
+            args,
+            deadline,
+            delivery,
+        )
+        .await
     }
 
     /// Whether calls are batched per node (the node map is read), rather than per slot.
@@ -104,13 +125,24 @@ impl NodeBatcher {
     }
 }
 
-async fn dispatch(
+/// What every script call of the dispatcher uses.
+#[derive(Clone)]
+struct Shared {
     cluster: ClusterConnection,
+    /// Told when a batch found the node map stale.
+    stale: Arc<Notify>,
+    metrics: Arc<Metrics>,
+}
+
+async fn dispatch(
+    shared: Shared,
     mut queue: mpsc::Receiver<(u16, Job)>,
     map: watch::Receiver<Option<Arc<NodeMap>>>,
-    stale: Arc<Notify>,
 ) {
     let mut lanes: HashMap<u32, Lane> = HashMap::new();
+    // Each lane's estimate of its node's clock; kept while the lane comes and goes (bounded by
+    // the lanes there can be: a node's or a slot's).
+    let mut clocks: HashMap<u32, Arc<RedisClock>> = HashMap::new();
     let mut waiting = 0usize;
     // Lanes whose script call ended; at most one message per lane in flight.
     let (done_tx, mut done) = mpsc::unbounded_channel::<u32>();
@@ -122,7 +154,8 @@ async fn dispatch(
                 let lane = lanes.entry(id).or_default();
                 if !lane.busy {
                     lane.busy = true;
-                    spawn_call(&cluster, id, vec![(slot, job)], &done_tx, &stale);
+                    let clock = clocks.entry(id).or_default().clone();
+                    spawn_call(&shared, id, vec![(slot, job)], &done_tx, clock);
                 } else if lane.waiting.len() < MAX_WAITING_PER_NODE && waiting < MAX_WAITING {
                     lane.waiting.push_back((slot, job));
                     waiting += 1;
@@ -155,7 +188,8 @@ async fn dispatch(
                         lanes.remove(&id);
                     }
                 } else {
-                    spawn_call(&cluster, id, batch, &done_tx, &stale);
+                    let clock = clocks.entry(id).or_default().clone();
+                    spawn_call(&shared, id, batch, &done_tx, clock);
                 }
             }
         }
@@ -163,14 +197,13 @@ async fn dispatch(
 }
 
 fn spawn_call(
-    cluster: &ClusterConnection,
+    shared: &Shared,
     lane: u32,
     jobs: Vec<(u16, Job)>,
     done: &mpsc::UnboundedSender<u32>,
-    stale: &Arc<Notify>,
+    clock: Arc<RedisClock>,
 ) {
-    let mut conn = cluster.clone();
-    let stale = stale.clone();
+    let shared = shared.clone();
     // The lane is freed when the call ends, even by a panic (the guard is dropped while the
     // task unwinds; the jobs' callers then see their reply dropped): a lane never stays busy.
     let freed = LaneFreed {
@@ -179,7 +212,9 @@ fn spawn_call(
     };
     tokio::spawn(async move {
         let _freed = freed;
-        send(&mut conn, jobs, &stale).await;
+        let [waited, late] = by_delivery(jobs, |(_, j)| j);
+        futures_util::future::join(send(&shared, waited, &clock), send(&shared, late, &clock))
+            .await;
     });
 }
 
@@ -198,7 +233,7 @@ impl Drop for LaneFreed {
 /// One script call for `jobs`; every job gets its replies, or the call's error. A batch that
 /// comes back unrun (a slot half migrated, or moved since the node map was read) goes again as
 /// its calls, one script call each.
-async fn send(conn: &mut ClusterConnection, jobs: Vec<(u16, Job)>, stale: &Arc<Notify>) {
+async fn send(shared: &Shared, jobs: Vec<(u16, Job)>, clock: &RedisClock) {
     // A call whose caller has answered already (its deadline passed while a split batch went
     // call by call) is not sent.
     let now = Instant::now();
@@ -218,10 +253,11 @@ async fn send(conn: &mut ClusterConnection, jobs: Vec<(u16, Job)>, stale: &Arc<N
         args,
         jobs,
         deadline,
-    } = merge(jobs.into_iter().map(|(_, job)| job).collect());
+    } = merge(jobs.into_iter().map(|(_, job)| job).collect(), clock);
     let budget = deadline.saturating_duration_since(Instant::now());
+    let mut conn = shared.cluster.clone();
     let called =
-        tokio::time::timeout_at(deadline, eval_on_cluster(conn, &keys, &args, spread)).await;
+        tokio::time::timeout_at(deadline, eval_on_cluster(&mut conn, &keys, &args, spread)).await;
     match called {
         Ok(Err(e))
             if (spread == Spread::CallsOfOneSlot && is_tryagain(&e))
@@ -229,20 +265,19 @@ async fn send(conn: &mut ClusterConnection, jobs: Vec<(u16, Job)>, stale: &Arc<N
         {
             if spread == Spread::SeveralSlots {
                 tracing::debug!(error = %e, "a batch over several slots did not run: its calls go one by one");
-                stale.notify_one();
+                shared.stale.notify_one();
             }
             // The script did not run: each call goes on its own (its keys were moved back in).
             let singles = jobs.into_iter().map(|(count, mut job)| {
-                let mut conn = conn.clone();
                 job.keys = keys.drain(..count).collect();
                 let slot = slot_of(&job.keys[0]);
-                async move { Box::pin(send(&mut conn, vec![(slot, job)], stale)).await }
+                async move { Box::pin(send(shared, vec![(slot, job)], clock)).await }
             });
             futures_util::future::join_all(singles).await;
         }
-        Ok(Ok(reply)) => answer(jobs, &reply),
-        Ok(Err(e)) => fail_all(jobs, classify(&e)),
-        Err(_) => fail_all(jobs, StoreError::Timeout(budget)),
+        Ok(Ok(reply)) => answer(jobs, &reply, clock, &shared.metrics),
+        Ok(Err(e)) => fail_all(jobs, classify(&e), &shared.metrics),
+        Err(_) => fail_all(jobs, StoreError::Timeout(budget), &shared.metrics),
     }
 }
 

@@ -8,7 +8,9 @@
 //! only where it cannot have run (`errors::did_not_run`); after an I/O error it may have run, and
 //! re-sending it would charge twice. This file holds the store and its path for one call; the
 //! seams: `script` (the script's arguments and reply), `send` (EVALSHA/EVAL, routing), `errors`,
-//! `clock` (deadlines on Redis' clock), `factors` (scaling factors in Redis), `connection`.
+//! `clock` (deadlines on a node's clock, kept by each dispatcher), `factors` (scaling factors in
+//! Redis), `connection`. A call of refunds and post-paid charges only is consumption that has
+//! happened: it is delivered late rather than dropped (`batch::Delivery`).
 
 pub mod batch;
 mod clock;
@@ -48,7 +50,6 @@ pub struct RedisStore {
     /// Cluster: per-slot batching (`cluster_batch`).
     node_batcher: Option<cluster_batch::NodeBatcher>,
     prefix: String,
-    clock: Arc<RedisClock>,
 }
 
 impl RedisStore {
@@ -58,17 +59,20 @@ impl RedisStore {
         key_prefix: &str,
         metrics: Arc<Metrics>,
     ) -> Result<RedisStore, StoreError> {
-        let backend = Backend::new(config, metrics)
+        let backend = Backend::new(config, metrics.clone())
             .map_err(|e| StoreError::Permanent(format!("the Redis settings cannot work: {e}")))?;
         let batcher = match &backend {
             Backend::Pool(set) => Some(batch::Batcher::spawn(
                 set.clone(),
                 config.pool_size.max(1) as usize,
+                metrics.clone(),
             )),
             Backend::Cluster(_) => None,
         };
         let node_batcher = match &backend {
-            Backend::Cluster(cluster) => Some(cluster_batch::NodeBatcher::spawn(cluster.clone())),
+            Backend::Cluster(cluster) => {
+                Some(cluster_batch::NodeBatcher::spawn(cluster.clone(), metrics))
+            }
             Backend::Pool(_) => None,
         };
         Ok(RedisStore {
@@ -76,7 +80,6 @@ impl RedisStore {
             batcher,
             node_batcher,
             prefix: key_prefix.to_owned(),
-            clock: Arc::new(RedisClock::default()),
         })
     }
 
@@ -120,14 +123,20 @@ impl RedisStore {
             c.limit.requests > 0 || (mode == ChargeMode::AllOrNothing && !c.refund && c.hits > 0)
         };
         let counted: Vec<&Check> = checks.iter().filter(|c| sent(c)).collect();
-        let mut replies = self.dispatch(&counted, clock, deadline, mode).await;
-        if clock == ScriptClock::RedisTime
-            && let Some(redis_now) = replies
-                .iter()
-                .find_map(|r| r.as_ref().ok().and_then(|n| n.get(1).copied()))
-        {
-            self.clock.observe(redis_now);
-        }
+        // Refunds and post-paid charges only: consumption that happened, delivered even after the
+        // caller is answered. All or nothing means nothing for them (each always applies), so
+        // such a call is one step on Cluster too.
+        let late = mode != ChargeMode::Probe
+            && !counted.is_empty()
+            && counted.iter().all(|c| c.is_consumption());
+        let delivery = batch::Delivery {
+            late,
+            carries_deadline: !late && clock == ScriptClock::RedisTime,
+        };
+        let mode = if late { ChargeMode::EachAlone } else { mode };
+        let mut replies = self
+            .dispatch(&counted, clock, deadline, mode, delivery)
+            .await;
         replies.reverse();
         checks
             .iter()
@@ -159,19 +168,24 @@ impl RedisStore {
         clock: ScriptClock,
         deadline: Instant,
         mode: ChargeMode,
+        delivery: batch::Delivery,
     ) -> Vec<Result<Vec<u64>, StoreError>> {
         if checks.is_empty() {
             return Vec::new();
         }
         match &self.backend {
-            Backend::Pool(_) => self.eval_pooled(checks, clock, deadline, mode).await,
+            Backend::Pool(_) => {
+                self.eval_pooled(checks, clock, deadline, mode, delivery)
+                    .await
+            }
             Backend::Cluster(_) => match mode {
                 ChargeMode::AllOrNothing => {
-                    self.all_or_nothing_cluster(checks, clock, deadline).await
+                    self.all_or_nothing_cluster(checks, clock, deadline, delivery)
+                        .await
                 }
                 mode => {
                     let mode = script::mode_arg(mode);
-                    self.each_slot_on_cluster(checks, clock, deadline, mode)
+                    self.each_slot_on_cluster(checks, clock, deadline, mode, delivery)
                         .await
                 }
             },
@@ -186,6 +200,7 @@ impl RedisStore {
         clock: ScriptClock,
         deadline: Instant,
         mode: ChargeMode,
+        delivery: batch::Delivery,
     ) -> Vec<Result<Vec<u64>, StoreError>> {
         if checks.is_empty() {
             return Vec::new();
@@ -193,29 +208,20 @@ impl RedisStore {
         let Some(batcher) = &self.batcher else {
             return vec![Err(StoreError::Protocol("no dispatcher".into())); checks.len()];
         };
-        let (keys, args) = self.encode(checks, clock, script::mode_arg(mode), deadline);
-        match batcher.call(keys, args, deadline).await {
+        let (keys, args) = self.encode(checks, clock, script::mode_arg(mode));
+        match batcher.call(keys, args, deadline, delivery).await {
             Ok(values) => values,
             Err(e) => vec![Err(e); checks.len()],
         }
     }
 
-    /// One call's keys and arguments as the script reads a call: clock, mode, key count, then
-    /// six numbers per key.
-    fn encode(
-        &self,
-        checks: &[&Check],
-        clock: ScriptClock,
-        mode: i64,
-        deadline: Instant,
-    ) -> (Vec<String>, Vec<i64>) {
-        let expires = match clock {
-            ScriptClock::RedisTime => self.clock.on_redis(deadline),
-            ScriptClock::Fixed(_) => 0,
-        };
+    /// One call's keys and arguments as the script reads a call: clock, deadline (filled in by
+    /// the dispatcher, on the clock of the node it goes to), mode, key count, then six numbers
+    /// per key.
+    fn encode(&self, checks: &[&Check], clock: ScriptClock, mode: i64) -> (Vec<String>, Vec<i64>) {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
-        let mut args: Vec<i64> = Vec::with_capacity(3 + checks.len() * script::ARGS_PER_KEY);
-        script::push_call(checks, clock, expires, mode, &mut args);
+        let mut args: Vec<i64> = Vec::with_capacity(4 + checks.len() * script::ARGS_PER_KEY);
+        script::push_call(checks, clock, 0, mode, &mut args);
         (keys, args)
     }
 

@@ -194,6 +194,12 @@ pub type Replies = Vec<Vec<KeyReply>>;
 /// failed as '!' and its error; see `lua/check.lua`) into numbers; anything else is a protocol
 /// error, never a panic.
 pub fn parse_reply(value: &Value) -> Result<Replies, StoreError> {
+    parse_reply_with_clock(value).map(|(_, calls)| calls)
+}
+
+/// `parse_reply`, and the node's clock in µs when the script read `TIME` (the reply then starts
+/// with `@<µs>|`): every reply tells the node's clock, even one whose calls all expired.
+pub fn parse_reply_with_clock(value: &Value) -> Result<(Option<u64>, Replies), StoreError> {
     let bytes: &[u8] = match value {
         Value::BulkString(bytes) => bytes,
         Value::SimpleString(text) => text.as_bytes(),
@@ -203,10 +209,20 @@ pub fn parse_reply(value: &Value) -> Result<Replies, StoreError> {
             )));
         }
     };
+    let (clock, bytes) = match bytes.strip_prefix(b"@") {
+        Some(rest) => {
+            let end = rest
+                .iter()
+                .position(|&b| b == b'|')
+                .ok_or_else(|| protocol("the script's clock has no end"))?;
+            (Some(number(&rest[..end])?), &rest[end + 1..])
+        }
+        None => (None, bytes),
+    };
     if bytes.is_empty() {
-        return Ok(Vec::new());
+        return Ok((clock, Vec::new()));
     }
-    bytes
+    let calls = bytes
         .split(|&b| b == b';')
         .map(|call| {
             if call.is_empty() {
@@ -223,7 +239,8 @@ pub fn parse_reply(value: &Value) -> Result<Replies, StoreError> {
                 })
                 .collect()
         })
-        .collect()
+        .collect::<Result<Replies, StoreError>>()?;
+    Ok((clock, calls))
 }
 
 /// What an error the script met on one key means for the operator (the text starts with Redis'

@@ -27,6 +27,24 @@ fn the_reply_splits_into_calls_keys_and_numbers() {
 }
 
 #[test]
+fn the_reply_tells_the_nodes_clock_even_when_every_call_expired() {
+    let (clock, calls) =
+        parse_reply_with_clock(&bulk("@1700000000123456|!EXPIRED portcullis: late")).unwrap();
+    assert_eq!(clock, Some(1_700_000_000_123_456));
+    assert!(calls[0][0].is_err());
+    let (clock, calls) = parse_reply_with_clock(&bulk("@5|")).unwrap();
+    assert_eq!((clock, calls), (Some(5), Replies::new()));
+    // A fixed test clock: no TIME read, no clock told.
+    assert_eq!(parse_reply_with_clock(&bulk("1 2")).unwrap().0, None);
+    for broken in ["@12", "@|1 2", "@x|1 2"] {
+        assert!(matches!(
+            parse_reply_with_clock(&bulk(broken)),
+            Err(StoreError::Protocol(_))
+        ));
+    }
+}
+
+#[test]
 fn a_key_the_script_failed_fails_alone_with_what_redis_said() {
     let reply = bulk("1 2 3 4,!OOM command not allowed when used memory > 'maxmemory'.;0 5 6 7");
     let calls = parse_reply(&reply).unwrap();
