@@ -8,12 +8,14 @@
 //! - `service`: the faces (gRPC `rls`, the `admin` HTTP listener) and the `Decider` of one call;
 //! - `limiter`: the policy over a store (deadline, failure modes, deny cache);
 //! - `rules` (which limit applies) and `store` (where counters live: memory or Redis);
-//! - `algorithm` (the pure rate-limit math), `clock`, `pb` (generated protos), `telemetry`.
+//! - `algorithm` (the pure rate-limit math), `clock`, `duration` (the one duration syntax), `pb`
+//!   (generated protos), `telemetry`.
 //!
 //! `main.rs` only parses arguments and calls into this library.
 
 pub mod algorithm;
 pub mod clock;
+pub mod duration;
 pub mod limiter;
 pub mod pb;
 pub mod review;

@@ -31,7 +31,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let cli = Cli::parse();
+    let cli = settings::parse_command_line();
     match cli.command {
         Command::Serve(settings) if settings.env_compat.is_some() => match go_settings(*settings) {
             Ok(settings) => serve(settings),
@@ -43,10 +43,14 @@ fn main() -> ExitCode {
         Command::Serve(settings) => serve(*settings),
         Command::Check {
             dir,
+            config,
             merge_domain_config,
+            allow_empty_rules,
         } => exit(commands::check(
-            &dir,
+            // clap requires exactly one of the two.
+            &dir.or(config).unwrap_or_default(),
             options(merge_domain_config),
+            allow_empty_rules,
             &mut std::io::stdout(),
             &mut std::io::stderr(),
         )),
@@ -72,18 +76,36 @@ fn main() -> ExitCode {
             ))
         }
         Command::Test {
-            rules,
-            tests,
+            config,
+            paths,
             junit,
             merge_domain_config,
-        } => exit(commands::test(
-            &rules,
-            &tests,
-            options(merge_domain_config),
-            junit.as_deref(),
-            &mut std::io::stdout(),
-            &mut std::io::stderr(),
-        )),
+        } => {
+            let (rules, tests) = match config {
+                Some(rules) => (rules, paths),
+                None => {
+                    let mut paths = paths.into_iter();
+                    let rules = paths.next().unwrap_or_default();
+                    let tests: Vec<_> = paths.collect();
+                    if tests.is_empty() {
+                        eprintln!(
+                            "portcullis test: give the rules directory and test files \
+                             (test RULES TESTS... or test --config RULES TESTS...)"
+                        );
+                        return ExitCode::from(2);
+                    }
+                    (rules, tests)
+                }
+            };
+            exit(commands::test(
+                &rules,
+                &tests,
+                options(merge_domain_config),
+                junit.as_deref(),
+                &mut std::io::stdout(),
+                &mut std::io::stderr(),
+            ))
+        }
         Command::Diff {
             old,
             new,
@@ -233,6 +255,12 @@ fn ask(
             return ExitCode::FAILURE;
         }
     };
+    // `host:port` as people write it; a URL as given.
+    let addr = if addr.contains("://") {
+        addr
+    } else {
+        format!("http://{addr}")
+    };
     let answer = runtime.block_on(async {
         let mut client = RateLimitServiceClient::connect(addr.clone())
             .await
@@ -247,7 +275,7 @@ fn ask(
         Ok(r) => r,
         Err(e) => {
             eprintln!("portcullis: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(ASK_FAILED);
         }
     };
     let code_name = |code: i32| Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name());
@@ -273,5 +301,13 @@ fn ask(
     for header in &response.response_headers_to_add {
         println!("  header {}: {}", header.key, header.value);
     }
-    ExitCode::SUCCESS
+    if response.overall_code == Code::OverLimit as i32 {
+        ExitCode::from(ASK_OVER_LIMIT)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
+
+/// `ask`'s exit codes past 0 (OK): over the limit, and no answer (as `test` uses 1 and 2).
+const ASK_OVER_LIMIT: u8 = 1;
+const ASK_FAILED: u8 = 2;

@@ -496,3 +496,34 @@ fn explain_shows_what_the_scaling_file_makes_of_a_limit() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("scaling: ×0.25: 25 per hour"), "{out}");
 }
+
+/// Every rules file the documentation shows (a ```yaml block that starts with `domain:`) passes
+/// `check` with no warning: a user copying one starts from something that works as written.
+#[test]
+fn the_documented_rules_check_clean() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for doc in [
+        "docs/rules.md",
+        "README.md",
+        "docs/envoy.md",
+        "docs/coming-from-go.md",
+    ] {
+        let text = std::fs::read_to_string(root.join(doc)).expect(doc);
+        for (i, block) in text.split("```yaml\n").skip(1).enumerate() {
+            let block = block.split("```").next().unwrap_or_default();
+            if !block.trim_start().starts_with("domain:") {
+                continue;
+            }
+            let dir = dir_with(&[("r.yaml", block)]);
+            let (code, out) = portcullis(&["check", dir.path().to_str().unwrap()]);
+            assert_eq!(code, 0, "{doc}, yaml block {i}:\n{block}\n{out}");
+            assert!(
+                !out.contains("warning"),
+                "{doc}, yaml block {i}:\n{block}\n{out}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "only {checked} documented rules files found");
+}

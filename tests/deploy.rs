@@ -435,11 +435,17 @@ fn every_layout_renders_with_the_probes_drain_limits_and_security_it_promises() 
 
 #[test]
 fn every_portcullis_variable_the_guides_name_exists() {
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
-        .args(["serve", "--help"])
-        .output()
-        .expect("portcullis serve --help");
-    let help = String::from_utf8_lossy(&help.stdout);
+    // Every command's variables (`serve`'s, and `ask`'s PORTCULLIS_ASK_ADDR).
+    let help: String = ["serve", "check", "explain", "test", "diff", "ask"]
+        .iter()
+        .map(|command| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+                .args([command, "--help"])
+                .output()
+                .expect("portcullis COMMAND --help");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
     let mut guides: Vec<String> = ["deploy/envoy-gateway.md", "deploy/README.md", "README.md"]
         .map(String::from)
         .to_vec();
@@ -465,8 +471,34 @@ fn every_portcullis_variable_the_guides_name_exists() {
                 // `[env: NAME=]`, or `[env: NAME]` for a secret's.
                 help.contains(&format!("[env: {name}="))
                     || help.contains(&format!("[env: {name}]")),
-                "{guide} names {name}, which `serve` does not read"
+                "{guide} names {name}, which no command reads"
             );
         }
     }
+}
+
+/// One version everywhere: Cargo's (what `--version` prints), the image's label, and a section of
+/// CHANGELOG.md (how a version is cut is said there).
+#[test]
+fn the_binary_the_image_and_the_changelog_agree_on_the_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        .arg("--version")
+        .output()
+        .expect("portcullis --version");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("portcullis {version}")
+    );
+    let dockerfile = std::fs::read_to_string(repo("deploy/Dockerfile")).unwrap();
+    assert!(
+        dockerfile.contains(&format!("ARG VERSION={version}\n")),
+        "deploy/Dockerfile's VERSION is not {version}"
+    );
+    assert!(dockerfile.contains("org.opencontainers.image.version=\"${VERSION}\""));
+    let changelog = std::fs::read_to_string(repo("CHANGELOG.md")).unwrap();
+    assert!(
+        changelog.contains(&format!("\n## {version} (")),
+        "CHANGELOG.md has no section for {version}"
+    );
 }

@@ -60,6 +60,16 @@ async fn until_limited(
 /// remaining, reset.
 fn assert_draft03(r: &envoy::Response, limit: &str, policy: &str, remaining: u32) {
     assert_eq!(r.header("x-envoy-ratelimited"), Some("true"), "{r:?}");
+    // Once each: the shipped bootstrap has Envoy write them, and Portcullis' own
+    // --response-headers is off by default (both on would send every header twice).
+    for name in [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        let count = r.headers.iter().filter(|(k, _)| k == name).count();
+        assert_eq!(count, 1, "{name} appears {count} times: {r:?}");
+    }
     let limit_header = r.header("x-ratelimit-limit").expect("x-ratelimit-limit");
     assert!(
         limit_header.starts_with(&format!("{limit}, ")) && limit_header.contains(policy),

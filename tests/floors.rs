@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// modules side by side never know each other).
 const FLOORS: &[&[&str]] = &[
     // Pure: the rate-limit math, time sources, the generated protos, the metric registry.
-    &["algorithm", "clock", "pb", "telemetry"],
+    &["algorithm", "clock", "duration", "pb", "telemetry"],
     // Which rule applies; where counters live.
     &["rules", "store"],
     // The policy over a store: deadline, failure modes, deny cache.

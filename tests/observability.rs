@@ -206,6 +206,47 @@ async fn traces_go_to_the_otlp_collector_under_envoys_traceparent() {
     let _ = stop_collector.send(());
 }
 
+/// `OTEL_TRACES_SAMPLER` applies as the OpenTelemetry SDKs read it: `always_off` exports nothing,
+/// even under Envoy's sampled parent; `parentbased_always_off` follows that parent. Each server is
+/// stopped (which flushes its exporter) before the collector is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standard_sampler_variable_applies() {
+    for (sampler, spans_expected) in [("always_off", false), ("parentbased_always_off", true)] {
+        let (collector, collector_addr, stop_collector) = otlp::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("m.yaml"), common::OPERATIONS_RULES).unwrap();
+        let envs = [
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://{collector_addr}"),
+            ),
+            ("OTEL_TRACES_SAMPLER", sampler.to_owned()),
+        ];
+        let mut server = ServeProcess::spawn(dir.path(), &["--drain-period", "0ms"], &envs, &[]);
+        let mut client = portcullis::pb::RateLimitServiceClient::connect(server.grpc_url())
+            .await
+            .expect("connect");
+        let mut call = tonic::Request::new(request("m", &[&[("user", "sampled")]]));
+        call.metadata_mut().insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        client.should_rate_limit(call).await.unwrap();
+        server.signal("TERM");
+        assert!(server.child.wait().unwrap().success());
+        let exported = collector
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.name == "should_rate_limit");
+        assert_eq!(exported, spans_expected, "OTEL_TRACES_SAMPLER={sampler}");
+        let _ = stop_collector.send(());
+    }
+}
+
 mod otlp {
     use std::sync::{Arc, Mutex};
 

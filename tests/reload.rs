@@ -63,7 +63,7 @@ async fn wait_for_limit(server: &TestServer, requests: u32) {
 
 #[tokio::test]
 async fn configmap_swap_reloads_rules_and_a_broken_file_keeps_the_last_good_ones() {
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start_with(&[], |s| s.allow_empty_rules = true).await;
     let dir = server.dir.path().to_path_buf();
     configmap_update(&dir, 1, &limit_rules(1));
     wait_for_limit(&server, 1).await;
@@ -124,7 +124,7 @@ async fn wait_for_metric(server: &TestServer, series: &str, value: f64) {
 #[tokio::test]
 async fn a_reload_that_would_remove_a_serving_domain_is_refused_unless_allowed() {
     let refused = r#"portcullis_rules_reloads_total{result="refused"}"#;
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start_with(&[], |s| s.allow_empty_rules = true).await;
     let dir = server.dir.path().to_path_buf();
     configmap_update(&dir, 1, &limit_rules(3));
     wait_for_limit(&server, 3).await;
@@ -139,7 +139,11 @@ async fn a_reload_that_would_remove_a_serving_domain_is_refused_unless_allowed()
     server.stop().await;
 
     // With --allow-rules-removal the operator says removing domains is intended.
-    let server = TestServer::start_with(&[], |s| s.allow_rules_removal = true).await;
+    let server = TestServer::start_with(&[], |s| {
+        s.allow_rules_removal = true;
+        s.allow_empty_rules = true;
+    })
+    .await;
     let dir = server.dir.path().to_path_buf();
     configmap_update(&dir, 1, &limit_rules(3));
     wait_for_limit(&server, 3).await;
@@ -150,7 +154,11 @@ async fn a_reload_that_would_remove_a_serving_domain_is_refused_unless_allowed()
 
 #[tokio::test]
 async fn readiness_can_require_at_least_one_domain() {
-    let server = TestServer::start_with(&[], |s| s.ready_requires_rules = true).await;
+    let server = TestServer::start_with(&[], |s| {
+        s.ready_requires_rules = true;
+        s.allow_empty_rules = true;
+    })
+    .await;
     let (status, body) = http(admin(&server), "GET", "/readyz", "").await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("no domain loaded"), "{body}");

@@ -233,7 +233,10 @@ async fn admitted(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_update_nack_and_reconnect() {
     let mut plane = Harness::start(None).await;
-    let starting = start(settings(&plane, false)).await;
+    let admin_port = common::redis::free_port();
+    let mut waiting_settings = settings(&plane, false);
+    waiting_settings.admin_addr = ([127, 0, 0, 1], admin_port).into();
+    let starting = start(waiting_settings).await;
 
     // The first request: wildcard subscription for the rules type, our node, our headers.
     let first = plane.next().await;
@@ -250,8 +253,14 @@ async fn push_update_nack_and_reconnect() {
             .map(|v| v.to_str().unwrap().to_owned()),
         Some("edge".into())
     );
-    // Without force start, nothing serves before the first rules.
+    // Without force start, nothing serves before the first rules; the admin listener already
+    // says the process is alive (a liveness probe must not kill it) and why it is not ready.
     assert!(!starting.is_finished());
+    let (status, body) = common::http(admin_port, "GET", "/healthz", "").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = common::http(admin_port, "GET", "/readyz", "").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("waiting for the first rules"), "{body}");
 
     // Push: applied, ACKed, and the server starts.
     plane.push("1", "n1", &[config(2, true)]).await;
@@ -269,6 +278,10 @@ async fn push_update_nack_and_reconnect() {
         .await
         .unwrap();
     assert_eq!(admitted(&mut client, "a", 3).await, [OK, OK, OVER]);
+    // The same port, now the real admin listener.
+    assert_eq!(running.admin_addr.port(), admin_port);
+    let (status, body) = common::http(admin_port, "GET", "/rlconfig", "").await;
+    assert_eq!(status, 200, "{body}");
 
     // Update: the new limit is in force once ACKed.
     plane.push("2", "n2", &[config(4, true)]).await;

@@ -20,11 +20,24 @@ pub const FAIL: u8 = 1;
 pub const UNUSABLE: u8 = 2;
 
 /// `portcullis check DIR`.
-pub fn check(dir: &Path, options: LoadOptions, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+pub fn check(
+    dir: &Path,
+    options: LoadOptions,
+    allow_empty: bool,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
     match rules::load_dir(dir, options) {
         Ok(snapshot) => {
             for warning in snapshot.warnings() {
                 let _ = writeln!(err, "warning: {warning}");
+            }
+            if let Some(why) = rules::why_empty(dir, &snapshot) {
+                if !allow_empty {
+                    let _ = writeln!(err, "{why} (--allow-empty-rules passes it)");
+                    return FAIL;
+                }
+                let _ = writeln!(err, "warning: {why}");
             }
             let _ = writeln!(
                 out,

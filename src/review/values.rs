@@ -1,5 +1,6 @@
-//! The small value syntaxes of a test file: a limit as `5/minute`, a time as `1.5s` or `2m`, a
-//! descriptor entry as `key=value`. Each parser says what it expected; none guesses.
+//! The small value syntaxes of a test file: a limit as `5/minute`, a time as `1.5s` or `2m` (the
+//! one duration syntax of `crate::duration`), a descriptor entry as `key=value`. Each parser says
+//! what it expected; none guesses.
 
 use crate::rules::Unit;
 
@@ -15,30 +16,10 @@ pub fn parse_rate(text: &str) -> Result<(u32, Unit), String> {
     Ok((count, unit))
 }
 
-/// `250ms`, `12s`, `1.5s`, `2m`, `1h`, `1d`, or a bare number of seconds: microseconds.
+/// `250ms`, `12s`, `1.5s`, `2m`, `1h`, `1d` (`crate::duration`'s one syntax): microseconds.
 pub fn parse_time_us(text: &str) -> Result<u64, String> {
-    let bad = || format!("{text:?} is not a time like 500ms, 12s, 1.5s, 2m, 1h or 1d");
-    let text = text.trim();
-    let (number, scale_us) = [
-        ("ms", 1_000.0),
-        ("s", 1e6),
-        ("m", 60e6),
-        ("h", 3_600e6),
-        ("d", 86_400e6),
-    ]
-    .iter()
-    .find_map(|(suffix, scale)| text.strip_suffix(suffix).map(|n| (n, *scale)))
-    .unwrap_or((text, 1e6));
-    let value: f64 = number.trim().parse().map_err(|_| bad())?;
-    if !value.is_finite() || value < 0.0 {
-        return Err(bad());
-    }
-    let us = (value * scale_us).round();
-    // Beyond a few centuries a test means something else.
-    if us > 1e16 {
-        return Err(bad());
-    }
-    Ok(us as u64)
+    let time = crate::duration::parse(text).map_err(|e| e.to_string())?;
+    u64::try_from(time.as_micros()).map_err(|_| format!("{text:?} is too long"))
 }
 
 /// `key=value` (`key=` for an empty value).
@@ -67,7 +48,8 @@ mod tests {
         assert_eq!(parse_time_us("1.5s"), Ok(1_500_000));
         assert_eq!(parse_time_us("250ms"), Ok(250_000));
         assert_eq!(parse_time_us("2m"), Ok(120_000_000));
-        assert_eq!(parse_time_us("12"), Ok(12_000_000));
+        assert_eq!(parse_time_us("1h30m"), Ok(5_400_000_000));
+        assert!(parse_time_us("12").unwrap_err().contains("no unit"));
         assert!(parse_time_us("-1s").is_err());
         assert!(parse_time_us("soon").is_err());
         assert_eq!(parse_entry("path="), Ok(("path".into(), String::new())));

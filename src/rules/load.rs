@@ -186,6 +186,54 @@ pub fn parse(set: &RuleFiles, options: LoadOptions) -> Result<Snapshot, RulesErr
     })
 }
 
+/// Why a rules directory that loaded holds no domain, and where rules may be instead: a
+/// directory one level down with YAML files in it (where the Go service's loader would look).
+/// `None` when `snapshot` has a domain.
+pub fn why_empty(dir: &Path, snapshot: &Snapshot) -> Option<String> {
+    if !snapshot.domains.is_empty() {
+        return None;
+    }
+    let yaml = |p: &Path| {
+        p.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+    };
+    let mut below: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && !is_hidden(p))
+        .filter(|sub| {
+            std::fs::read_dir(sub)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| yaml(&e.path()))
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    below.sort();
+    let mut why = format!(
+        "the rules directory {} holds no rules ({} file(s) read, no domain): every call would be \
+         answered OK",
+        dir.display(),
+        snapshot.files.len()
+    );
+    if !below.is_empty() {
+        why.push_str(&format!(
+            "; YAML files are one level down, in {} (the directory is read flat: point the rules \
+             directory there)",
+            below.join(", ")
+        ));
+    }
+    Some(why)
+}
+
+fn is_hidden(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+}
+
 /// Reads and validates every rules file of `dir`; all or nothing.
 pub fn load_dir(dir: &Path, options: LoadOptions) -> Result<Snapshot, RulesError> {
     parse(&read_dir(dir)?, options)

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use error::{RuleError, RulesError};
-pub use load::{LoadOptions, RuleFiles, load_dir, parse, parse_file, read_dir};
+pub use load::{LoadOptions, RuleFiles, load_dir, parse, parse_file, read_dir, why_empty};
 pub use model::{Layer, Rule, Source, Unit};
 pub use tree::{Domain, Entry, Lookup, MatchKind, Resolved, Step};
 pub(crate) use tree::{KeyMatchers, Level, Node};

@@ -18,7 +18,7 @@ use crate::settings::Settings;
 use crate::telemetry::Metrics;
 
 use super::config::tls_files;
-use super::{GO_HEALTH_SERVICE, LIVENESS_HEALTH_SERVICE, StartError, listen, tls, watch};
+use super::{LIVENESS_HEALTH_SERVICE, StartError, listen, tls, watch};
 
 /// Starts serving gRPC on `grpc_listener` until `stopped`; returns the health reporter (readiness
 /// and drains flip it) and the server's task. The certificate watcher, if any, joins `tasks`.
@@ -32,12 +32,11 @@ pub(super) async fn serve(
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<(HealthReporter, JoinHandle<()>), StartError> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimitServiceServer<RlsService>>()
-        .await;
-    health
-        .set_service_status(GO_HEALTH_SERVICE, ServingStatus::Serving)
-        .await;
+    for name in super::readiness_health_names(quota.is_some()) {
+        health
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
     health
         .set_service_status(LIVENESS_HEALTH_SERVICE, ServingStatus::Serving)
         .await;

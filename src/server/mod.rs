@@ -15,6 +15,7 @@ pub mod scaling;
 pub mod statsd;
 mod store;
 pub mod tls;
+mod waiting;
 pub mod watch;
 pub mod xds;
 
@@ -48,6 +49,23 @@ pub const GO_HEALTH_SERVICE: &str = "ratelimit";
 /// `ratelimit`, the RLS service) follow readiness, as `/readyz` does.
 pub const LIVENESS_HEALTH_SERVICE: &str = "portcullis.liveness";
 
+/// The gRPC health names that follow readiness: `""`, `ratelimit`, the RLS service, and with
+/// `--rlqs` the RLQS service (a probe or Envoy health check may ask for any of them).
+pub fn readiness_health_names(rlqs: bool) -> Vec<&'static str> {
+    use tonic::server::NamedService;
+    let mut names = vec![
+        "",
+        GO_HEALTH_SERVICE,
+        <RateLimitServiceServer<RlsService> as NamedService>::NAME,
+    ];
+    if rlqs {
+        names.push(
+            <crate::pb::rlqs::RateLimitQuotaServiceServer<QuotaService> as NamedService>::NAME,
+        );
+    }
+    names
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("rules in {dir} refused:\n{source}")]
@@ -70,6 +88,8 @@ pub struct Running {
     pub http_addrs: Vec<SocketAddr>,
     pub metrics: Arc<Metrics>,
     health: HealthReporter,
+    /// The names `health` reports readiness under.
+    health_names: Vec<&'static str>,
     draining: Arc<AtomicBool>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -82,15 +102,11 @@ impl Running {
     pub async fn drain(self, period: Duration) {
         tracing::info!(?period, "draining: health reports NOT_SERVING");
         self.draining.store(true, Ordering::Relaxed);
-        self.health
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        self.health
-            .set_not_serving::<RateLimitServiceServer<RlsService>>()
-            .await;
-        self.health
-            .set_service_status(GO_HEALTH_SERVICE, ServingStatus::NotServing)
-            .await;
+        for name in &self.health_names {
+            self.health
+                .set_service_status(*name, ServingStatus::NotServing)
+                .await;
+        }
         tokio::time::sleep(period).await;
         self.shutdown().await;
     }
@@ -120,23 +136,60 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     ));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
+    // The HTTP listeners first (a busy port stops the start-up): while the first rules over xDS
+    // are awaited they already answer liveness (`waiting`).
+    let admin_listener = bind(settings.admin_addr).await?;
+    let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
+    // More HTTP listeners (Go mode: Go's PORT; Go-named metrics).
+    let mut wanted: Vec<(SocketAddr, Routes)> = settings
+        .http_listeners
+        .iter()
+        .map(|l| (l.addr, l.routes.clone()))
+        .collect();
+    if let Some(addr) = settings.go_metrics_addr {
+        wanted.push((
+            addr,
+            Routes {
+                health: false,
+                rules: false,
+                metrics: false,
+                json: false,
+                go_metrics: Some(settings.go_metrics_path.clone()),
+                scaling: false,
+            },
+        ));
+    }
+    let mut extra_listeners = Vec::new();
+    let mut http_addrs = Vec::new();
+    for (addr, routes) in wanted {
+        let listener = bind(addr).await?;
+        http_addrs.push(local_addr(&listener, addr)?);
+        extra_listeners.push((listener, routes));
+    }
+    let http_listeners: Vec<&TcpListener> = std::iter::once(&admin_listener)
+        .chain(extra_listeners.iter().map(|(l, _)| l))
+        .collect();
     let (rules, loaded_fingerprint, from_xds) =
-        rules_source::start(settings, &metrics, &stopped, &mut tasks).await?;
+        rules_source::start(settings, &metrics, &stopped, &mut tasks, &http_listeners).await?;
 
     let (limiter, quota) = store::limiter(settings, &clock, &metrics)?;
     // Every replica keeps RLS and RLQS in step, serving RLQS or not: RLS calls anywhere count
-    // against what gateways hold, and tell the gateways' shares what RLS asks for.
+    // against what gateways hold, and tell the gateways' shares what RLS asks for. Not in the Go
+    // drop-in mode, unless it serves RLQS itself: the Go service has no RLQS.
     let tally = Arc::new(RlsTally::default());
-    tasks.push(reserved::spawn(
-        reserved::Keeper {
-            quota: quota.store.clone(),
-            cache: quota.cache.clone(),
-            tally: tally.clone(),
-            metrics: metrics.clone(),
-            holder: u64::from(rand::random::<u32>()) << 32,
-        },
-        stopped.clone(),
-    ));
+    if settings.env_compat.is_none() || settings.rlqs.rlqs {
+        tasks.push(reserved::spawn(
+            reserved::Keeper {
+                quota: quota.store.clone(),
+                cache: quota.cache.clone(),
+                tally: tally.clone(),
+                metrics: metrics.clone(),
+                holder: u64::from(rand::random::<u32>()) << 32,
+                serves_rlqs: settings.rlqs.rlqs,
+            },
+            stopped.clone(),
+        ));
+    }
     let reserved_view = quota.reserved.clone();
     let limiter = Arc::new(limiter);
     let config = config::service_config(settings);
@@ -193,36 +246,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     );
 
     let grpc_listener = bind(settings.grpc_addr).await?;
-    let admin_listener = bind(settings.admin_addr).await?;
     let grpc_addr = local_addr(&grpc_listener, settings.grpc_addr)?;
-    let admin_addr = local_addr(&admin_listener, settings.admin_addr)?;
-    // More HTTP listeners (Go mode: Go's PORT; Go-named metrics), bound now so that a busy port
-    // stops the start-up.
-    let mut wanted: Vec<(SocketAddr, Routes)> = settings
-        .http_listeners
-        .iter()
-        .map(|l| (l.addr, l.routes.clone()))
-        .collect();
-    if let Some(addr) = settings.go_metrics_addr {
-        wanted.push((
-            addr,
-            Routes {
-                health: false,
-                rules: false,
-                metrics: false,
-                json: false,
-                go_metrics: Some(settings.go_metrics_path.clone()),
-                scaling: false,
-            },
-        ));
-    }
-    let mut extra_listeners = Vec::new();
-    let mut http_addrs = Vec::new();
-    for (addr, routes) in wanted {
-        let listener = bind(addr).await?;
-        http_addrs.push(local_addr(&listener, addr)?);
-        extra_listeners.push((listener, routes));
-    }
 
     let quota = settings.rlqs.rlqs.then(|| {
         QuotaService::new(
@@ -267,9 +291,11 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         go_mapping,
         quota: quota_registry,
     };
+    let health_names = readiness_health_names(settings.rlqs.rlqs);
     tasks.push(readiness::spawn_readiness(
         admin_state.clone(),
         health.clone(),
+        health_names.clone(),
         stopped.clone(),
     ));
     let app = admin::router(
@@ -326,6 +352,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         http_addrs,
         metrics,
         health,
+        health_names,
         draining,
         stop,
         tasks,

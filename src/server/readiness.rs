@@ -9,20 +9,19 @@ use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::pb::RateLimitServiceServer;
-use crate::service::{RlsService, admin};
-
-use super::GO_HEALTH_SERVICE;
+use crate::service::admin;
 
 /// How often readiness is worked out again for gRPC health.
 const READINESS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Keeps the gRPC health of the service (`""`, `ratelimit`, the RLS service) equal to readiness:
+/// Keeps the gRPC health of `names` (`""`, `ratelimit`, the RLS service, the RLQS service when
+/// served: `super::readiness_health_names`) equal to readiness:
 /// gRPC readiness probes and Envoy health checks see what `/readyz` says. After a drain starts it
 /// only ever says NOT_SERVING.
 pub(super) fn spawn_readiness(
     state: admin::AdminState,
     health: HealthReporter,
+    names: Vec<&'static str>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -50,17 +49,8 @@ pub(super) fn spawn_readiness(
             } else {
                 ServingStatus::NotServing
             };
-            for name in ["", GO_HEALTH_SERVICE] {
-                health.set_service_status(name, status).await;
-            }
-            if ready {
-                health
-                    .set_serving::<RateLimitServiceServer<RlsService>>()
-                    .await;
-            } else {
-                health
-                    .set_not_serving::<RateLimitServiceServer<RlsService>>()
-                    .await;
+            for name in &names {
+                health.set_service_status(*name, status).await;
             }
         }
     })

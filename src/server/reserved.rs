@@ -28,10 +28,15 @@ pub struct Keeper {
     pub metrics: Arc<Metrics>,
     /// This replica's RLS demand, as a holder: a random half, the low half 0 (no stream's id).
     pub holder: u64,
+    /// Whether this replica serves RLQS: then a failed read is always worth a log line.
+    pub serves_rlqs: bool,
 }
 
 impl Keeper {
-    async fn once(&self, since: Instant, log: &LogThrottle) {
+    /// One round; `in_use` says whether RLQS is in use as far as this replica knows (it serves
+    /// it, or the last read found grants): only then is a failed read logged at warning level, so
+    /// that a store outage where nobody uses RLQS says nothing about RLQS.
+    async fn once(&self, since: Instant, log: &LogThrottle, in_use: &mut bool) {
         let elapsed = since.elapsed().as_secs_f64().max(0.001);
         let asks: Vec<Ask> = self
             .tally
@@ -57,17 +62,22 @@ impl Keeper {
         // Read on every store for the gauge; kept only where RLS reads a copy (a shared store).
         match self.quota.reservations(deadline).await {
             Ok(held) => {
+                *in_use = self.serves_rlqs || !held.is_empty();
                 let count = i64::try_from(held.len()).unwrap_or(i64::MAX);
                 self.metrics.quota.reserved_descriptors.set(count);
                 if let Some(cache) = &self.cache {
                     cache.replace(held);
                 }
             }
-            Err(error) => self.failed(
+            Err(error) if *in_use => self.failed(
                 &error,
                 "could not read the RLQS reservations; RLS counts against the last read",
                 log,
             ),
+            Err(error) => {
+                self.metrics.quota.reserved_errors.inc();
+                tracing::debug!(%error, "RLQS reservations not read (no grant seen)");
+            }
         }
     }
 
@@ -86,13 +96,14 @@ pub fn spawn(keeper: Keeper, mut stop: tokio::sync::watch::Receiver<bool>) -> Jo
         let mut ticker = tokio::time::interval(EVERY);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut since = Instant::now();
+        let mut in_use = keeper.serves_rlqs;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
             let started = Instant::now();
-            keeper.once(since, &log).await;
+            keeper.once(since, &log, &mut in_use).await;
             since = started;
         }
     })

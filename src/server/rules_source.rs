@@ -13,6 +13,7 @@ use crate::settings::Settings;
 use crate::telemetry::Metrics;
 
 use super::config::xds_config;
+use super::waiting::Waiting;
 use super::{StartError, xds};
 
 /// The rules in force, the fingerprint of what was loaded, and whether they come over xDS.
@@ -21,6 +22,7 @@ pub(super) async fn start(
     metrics: &Arc<Metrics>,
     stopped: &tokio::sync::watch::Receiver<bool>,
     tasks: &mut Vec<JoinHandle<()>>,
+    http_listeners: &[&tokio::net::TcpListener],
 ) -> Result<(Arc<ArcSwap<Snapshot>>, u64, bool), StartError> {
     let (snapshot, xds) = match &settings.xds.rules_xds_server {
         None => {
@@ -31,6 +33,14 @@ pub(super) async fn start(
                         source,
                     }
                 })?;
+            if let Some(why) = rules::why_empty(&settings.config, &snapshot) {
+                if !settings.allow_empty_rules {
+                    return Err(StartError::Settings(settings.sources.spell(&format!(
+                        "{why}; set --allow-empty-rules to start so on purpose"
+                    ))));
+                }
+                tracing::warn!(dir = %settings.config.display(), "{why}");
+            }
             tracing::info!(
                 files = snapshot.files.len(),
                 domains = ?snapshot.domain_names(),
@@ -66,7 +76,17 @@ pub(super) async fn start(
         );
         tasks.push(task);
         if !settings.force_start_without_initial_rules {
-            wait_for_first_rules(applied, &settings.xds.rules_xds_server).await?;
+            // Alive meanwhile: a liveness probe must not kill a pod whose control plane is slow.
+            let server = settings.xds.rules_xds_server.as_deref().unwrap_or_default();
+            let waiting = Waiting::serve(
+                http_listeners,
+                format!("waiting for the first rules from the xDS server {server}"),
+                metrics,
+            )
+            .map_err(|e| StartError::Settings(format!("cannot serve while waiting: {e}")))?;
+            let waited = wait_for_first_rules(applied, &settings.xds.rules_xds_server).await;
+            waiting.end().await;
+            waited?;
         }
     }
     Ok((rules, loaded_fingerprint, from_xds))

@@ -63,7 +63,11 @@ pub async fn refresh(
                     read_at_ms: now_ms,
                 });
             }
-            if let Some(skipped) = last.failures.allow() {
+            // Only worth a warning while temporary factors are in force (they may be stale):
+            // a store outage where nobody scales says nothing about scaling.
+            if scaling.load().temporary.is_empty() {
+                tracing::debug!(%error, "temporary scaling factors not read (none in force)");
+            } else if let Some(skipped) = last.failures.allow() {
                 tracing::warn!(%error, similar_failures_not_logged = skipped,
                     "cannot read the temporary scaling factors from the store; the ones in force stay until they expire");
             }

@@ -3,9 +3,10 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use super::Settings;
+use super::{Settings, Sources};
 
 #[derive(Parser)]
 #[command(
@@ -24,16 +25,25 @@ pub enum Command {
     Serve(Box<Settings>),
     /// Validate a rules directory; exit 1 listing every problem.
     Check {
-        /// The rules directory.
-        dir: PathBuf,
+        /// The rules directory (or `--config DIR`, as `serve` takes it).
+        #[arg(required_unless_present = "config", conflicts_with = "config")]
+        dir: Option<PathBuf>,
+        /// The rules directory, as `serve --config` takes it.
+        #[arg(long, env = "PORTCULLIS_CONFIG")]
+        config: Option<PathBuf>,
         /// Merge a domain defined in several files (as `serve --merge-domain-config`).
         #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
+        /// Pass a directory that holds no rules (as `serve --allow-empty-rules`).
+        #[arg(long, env = "PORTCULLIS_ALLOW_EMPTY_RULES")]
+        allow_empty_rules: bool,
     },
     /// Show which rule a descriptor matches, level by level, and why.
     Explain {
+        /// The rules directory (as `serve --config`).
         #[arg(long, env = "PORTCULLIS_CONFIG")]
         config: PathBuf,
+        /// The descriptor's domain.
         #[arg(long)]
         domain: String,
         /// The descriptor's entries in order, as key=value (key= for an empty value).
@@ -50,11 +60,14 @@ pub enum Command {
     /// Run rules test files against a rules directory; exit 1 when a case fails, 2 when a test
     /// file or the rules cannot be used.
     Test {
-        /// The rules directory (as `serve --config` takes it).
-        rules: PathBuf,
-        /// Test files, or directories of them (.yaml, .yml).
+        /// The rules directory, as `serve --config` takes it; without it, the first path given
+        /// is the rules directory and the others are tests (`test RULES TESTS...`).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Test files, or directories of them (.yaml, .yml), after the rules directory when
+        /// `--config` is not given.
         #[arg(required = true)]
-        tests: Vec<PathBuf>,
+        paths: Vec<PathBuf>,
         /// Also write the results as JUnit XML to this file.
         #[arg(long)]
         junit: Option<PathBuf>,
@@ -79,15 +92,13 @@ pub enum Command {
         #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
     },
-    /// Send one ShouldRateLimit request to a running server and print the answer.
+    /// Send one ShouldRateLimit request to a running server and print the answer; exit 0 when
+    /// it is OK, 1 when it is OVER_LIMIT, 2 when no answer came.
     Ask {
-        /// The server's gRPC address.
-        #[arg(
-            long,
-            env = "PORTCULLIS_ASK_ADDR",
-            default_value = "http://127.0.0.1:8081"
-        )]
+        /// The server's gRPC address, `host:port` (or a URL: `http://host:port`).
+        #[arg(long, env = "PORTCULLIS_ASK_ADDR", default_value = "127.0.0.1:8081")]
         addr: String,
+        /// The request's domain.
         #[arg(long)]
         domain: String,
         /// Request-level hits_addend (0 counts as 1).
@@ -108,4 +119,63 @@ fn parse_entry(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| format!("{text:?} is not key=value"))
+}
+
+/// The command line and environment parsed, as `Cli::parse` would, with two differences: `serve`'s
+/// settings know which flags the user set and by which variable (`Settings::sources`), and a
+/// value refused from an environment variable names the variable, not only its flag. Exits with
+/// clap's message (and code) on bad input.
+pub fn parse_command_line() -> Cli {
+    let command = Cli::command();
+    let matches = match command.clone().try_get_matches() {
+        Ok(matches) => matches,
+        Err(e) => name_the_variable(e, &command).exit(),
+    };
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let (Command::Serve(settings), Some(("serve", serve))) =
+        (&mut cli.command, matches.subcommand())
+        && let Some(serve_command) = command.find_subcommand("serve")
+    {
+        settings.sources = Sources::from_matches(serve_command, serve);
+    }
+    cli
+}
+
+/// A bad value that came from a variable (its flag not on the command line): the message starts
+/// with the variable, which is what the user set.
+fn name_the_variable(error: clap::Error, command: &clap::Command) -> clap::Error {
+    if !matches!(
+        error.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return error;
+    }
+    let Some(ContextValue::String(invalid)) = error.get(ContextKind::InvalidArg) else {
+        return error;
+    };
+    let flag = invalid.split_whitespace().next().unwrap_or_default();
+    let Some(long) = flag.strip_prefix("--") else {
+        return error;
+    };
+    let on_command_line = std::env::args().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+    let variable = command
+        .get_subcommands()
+        .flat_map(|sub| sub.get_arguments())
+        .find(|arg| arg.get_long() == Some(long))
+        .and_then(|arg| arg.get_env())
+        .map(|var| var.to_string_lossy().into_owned())
+        .filter(|var| std::env::var_os(var).is_some());
+    match variable {
+        Some(var) if !on_command_line => {
+            let rendered = error.render().to_string();
+            let detail = rendered.trim().trim_start_matches("error: ");
+            let detail = detail.lines().next().unwrap_or(detail);
+            clap::Error::raw(
+                error.kind(),
+                format!("{var} (the variable of {flag}) is not valid: {detail}\n"),
+            )
+            .with_cmd(command)
+        }
+        _ => error,
+    }
 }

@@ -22,16 +22,29 @@ mod defaults;
 mod derived;
 pub mod go;
 mod rlqs;
+mod sources;
 mod validate;
 mod values;
 mod xds;
 
+pub use cli::parse_command_line;
 pub use cli::{Cli, Command};
 pub use rlqs::RlqsSettings;
+pub use sources::Sources;
 pub use validate::SettingsError;
 use values::{AlgorithmArg, FailureModeArg, HeadersArg, LogFormatArg};
 pub use values::{Secret, StoreKind, parse_duration, parse_tag};
 pub use xds::XdsSettings;
+
+/// The `OTEL_TRACES_SAMPLER` values Portcullis applies (the others need what it does not ship).
+pub const TRACES_SAMPLERS: [&str; 6] = [
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+];
 
 /// One more HTTP listener and what it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +85,8 @@ pub struct Settings {
     /// How long calls on a connection past its age may still finish.
     #[arg(long, env = "PORTCULLIS_GRPC_MAX_CONNECTION_AGE_GRACE", value_parser = parse_duration)]
     pub grpc_max_connection_age_grace: Option<Duration>,
-    /// Admin HTTP listen address (/healthz, /readyz, /rlconfig, /metrics).
+    /// Admin HTTP listen address (/healthz, /readyz, /rlconfig, /rlqs, /metrics, /stats; /json and
+    /// /scaling when enabled).
     #[arg(long, env = "PORTCULLIS_ADMIN_ADDR", default_value = "127.0.0.1:8080")]
     pub admin_addr: SocketAddr,
     /// Serve POST /json on the admin listener (a rate-limit call in JSON: it spends budget).
@@ -221,7 +235,8 @@ pub struct Settings {
         value_parser = EnumValueParser::<FailureModeArg>::new().map(FailureMode::from)
     )]
     pub failure_mode: FailureMode,
-    /// Rate-limit headers added to responses.
+    /// Rate-limit headers added to responses (leave off when Envoy writes its own with
+    /// `enable_x_ratelimit_headers`: both on send every header twice).
     #[arg(
         long,
         env = "PORTCULLIS_RESPONSE_HEADERS",
@@ -291,6 +306,10 @@ pub struct Settings {
     /// mistake, which would silently stop every limit of the domain).
     #[arg(long, env = "PORTCULLIS_ALLOW_RULES_REMOVAL")]
     pub allow_rules_removal: bool,
+    /// Start with a rules directory that holds no rules (every call answered OK until some
+    /// arrive); by default such a start is refused, naming where rules may be instead.
+    #[arg(long, env = "PORTCULLIS_ALLOW_EMPTY_RULES")]
+    pub allow_empty_rules: bool,
     /// Make /readyz fail while no domain is loaded (the Go service's
     /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
     #[arg(long, env = "PORTCULLIS_READY_REQUIRES_RULES")]
@@ -328,6 +347,18 @@ pub struct Settings {
     /// followed when it sends one.
     #[arg(long, env = "PORTCULLIS_TRACES_SAMPLING_RATIO")]
     pub traces_sampling_ratio: Option<f64>,
+    /// The OpenTelemetry sampler, as the SDKs read the standard variable: `always_on`,
+    /// `always_off`, `traceidratio`, `parentbased_always_on`, `parentbased_always_off`,
+    /// `parentbased_traceidratio` (default: parent-based, with --traces-sampling-ratio).
+    #[arg(
+        long,
+        env = "OTEL_TRACES_SAMPLER",
+        value_parser = PossibleValuesParser::new(TRACES_SAMPLERS)
+    )]
+    pub traces_sampler: Option<String>,
+    /// The share a `*traceidratio` sampler keeps, 0 to 1 (default 1); the standard variable.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG")]
+    pub traces_sampler_arg: Option<f64>,
     /// Send counters to a statsd server (`host:port`, UDP) under envoyproxy/ratelimit's stat
     /// names, for dashboards built on its statsd output.
     #[arg(long, env = "PORTCULLIS_STATSD_ADDR")]
@@ -388,9 +419,13 @@ pub struct Settings {
     /// Go mode: variables read but deliberately not acted on, logged once at start-up.
     #[arg(skip)]
     pub ignored_variables: Vec<String>,
+    /// Which flags the user set, and by which variable (for messages that name them).
+    #[arg(skip)]
+    pub sources: Sources,
     /// Log level or filter (RUST_LOG syntax); RUST_LOG wins when set.
     #[arg(long, env = "PORTCULLIS_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+    /// Log lines as `text` or `json` (one object a line), on stderr.
     #[arg(
         long,
         env = "PORTCULLIS_LOG_FORMAT",

@@ -30,11 +30,12 @@ pub struct RlqsSettings {
         default_value_t = 10_000
     )]
     pub rlqs_max_buckets_per_stream: usize,
-    /// Reports one stream may send in a second; past it the stream is closed.
+    /// Reports one stream may send in a second; past it, its next report waits for the next
+    /// second (the stream stays open: Envoy reports every new bucket at once).
     #[arg(
         long,
         env = "PORTCULLIS_RLQS_MAX_REPORTS_PER_SECOND",
-        default_value_t = 50
+        default_value_t = 200
     )]
     pub rlqs_max_reports_per_second: u32,
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::Settings;
+use super::{Settings, StoreKind};
 
 /// Settings that cannot work, every one listed.
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +12,70 @@ use super::Settings;
 pub struct SettingsError(pub Vec<String>);
 
 impl Settings {
+    /// Settings the user gave that the configuration would silently ignore.
+    fn settings_that_cannot_take_effect(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        // Go mode chooses its store from its own variables (and says so itself).
+        if self.store == StoreKind::Memory && self.env_compat.is_none() {
+            let mut redis: Vec<String> = Vec::new();
+            let mut given = |flag: &str, set: bool| {
+                if set && !redis.iter().any(|f| f == flag) {
+                    redis.push(flag.to_owned());
+                }
+            };
+            given("--redis-url", self.redis_url.is_some());
+            given("--redis-cluster", !self.redis_cluster.is_empty());
+            given("--redis-sentinel", !self.redis_sentinel.is_empty());
+            given(
+                "--redis-per-second-url",
+                self.redis_per_second_url.is_some(),
+            );
+            for flag in self.sources.set_with_prefix("--redis-") {
+                given(&flag, true);
+            }
+            if !redis.is_empty() {
+                let store = if self.sources.is_set("--store") {
+                    "--store is memory"
+                } else {
+                    "the store is memory (the default of --store)"
+                };
+                problems.push(format!(
+                    "{} set, but {store}: Redis would not be used and every replica would count \
+                     on its own; set --store redis (PORTCULLIS_STORE=redis) to share one budget, \
+                     or unset {}",
+                    redis.join(", "),
+                    if redis.len() == 1 { "it" } else { "them" }
+                ));
+            }
+        }
+        if let Some(sampler) = &self.traces_sampler
+            && self.traces_sampling_ratio.is_some()
+        {
+            problems.push(format!(
+                "--traces-sampler {sampler} and --traces-sampling-ratio both set: one of them \
+                 would be ignored; keep one"
+            ));
+        }
+        if let Some(arg) = self.traces_sampler_arg {
+            let ratio_sampler = self
+                .traces_sampler
+                .as_deref()
+                .is_some_and(|s| s.ends_with("traceidratio"));
+            if !ratio_sampler {
+                problems.push(format!(
+                    "--traces-sampler-arg {arg} set, but only a traceidratio sampler reads it \
+                     (--traces-sampler is {})",
+                    self.traces_sampler.as_deref().unwrap_or("unset")
+                ));
+            } else if !(0.0..=1.0).contains(&arg) {
+                problems.push(format!(
+                    "--traces-sampler-arg {arg} must be a number from 0 to 1"
+                ));
+            }
+        }
+        problems
+    }
+
     /// Refuses values that would panic, silently stop a background task, or quietly defeat a
     /// guarantee; all problems at once, each naming its flag.
     pub fn validate(&self) -> Result<(), SettingsError> {
@@ -188,10 +252,13 @@ impl Settings {
                 problems.push(format!("{flag} must be at least 1"));
             }
         }
+        problems.extend(self.settings_that_cannot_take_effect());
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(SettingsError(problems))
+            Err(SettingsError(
+                problems.iter().map(|p| self.sources.spell(p)).collect(),
+            ))
         }
     }
 }

@@ -36,7 +36,6 @@ impl std::str::FromStr for Secret {
     }
 }
 
-/// `15ms`, `2s`, or a bare number of milliseconds.
 /// `KEY=VALUE`, both non-empty.
 pub fn parse_tag(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
@@ -47,22 +46,10 @@ pub fn parse_tag(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// A duration flag or variable: `crate::duration`'s one syntax (`15ms`, `2s`, `1m`, `24h`,
+/// `1h30m`); a bare number is refused.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, scale_us) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 1_000)
-    } else if let Some(n) = text.strip_suffix("us") {
-        (n, 1)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1_000_000)
-    } else {
-        (text, 1_000)
-    };
-    let value: u64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 15ms or 2s"))?;
-    Ok(Duration::from_micros(value.saturating_mul(scale_us)))
+    crate::duration::parse(text).map_err(|e| e.to_string())
 }
 
 /// `--failure-mode` values.

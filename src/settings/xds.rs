@@ -33,6 +33,7 @@ pub struct XdsSettings {
     /// PEM client certificate for the xDS server (mTLS), with --rules-xds-key.
     #[arg(long, env = "PORTCULLIS_RULES_XDS_CERT")]
     pub rules_xds_cert: Option<PathBuf>,
+    /// PEM private key of --rules-xds-cert.
     #[arg(long, env = "PORTCULLIS_RULES_XDS_KEY")]
     pub rules_xds_key: Option<PathBuf>,
     /// The name the xDS server's certificate must carry (default: the server's host).

@@ -55,9 +55,44 @@ pub struct TracingConfig {
     pub service_name: String,
     pub service_namespace: Option<String>,
     pub service_instance_id: Option<String>,
-    /// Share of the traces started here that are kept; `None`: all. Envoy's decision (a sampled
-    /// parent) is followed either way.
-    pub sampling_ratio: Option<f64>,
+    /// Which traces are kept.
+    pub sampling: Sampling,
+}
+
+/// Which traces are kept: a share of the traces (`ratio`: 0 none, 1 all), and whether a parent's
+/// decision (Envoy's `traceparent`) is followed instead where there is one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    pub parent_based: bool,
+    pub ratio: f64,
+}
+
+impl Default for Sampling {
+    /// Parent-based, every trace started here kept.
+    fn default() -> Self {
+        Sampling {
+            parent_based: true,
+            ratio: 1.0,
+        }
+    }
+}
+
+impl Sampling {
+    fn sampler(self) -> opentelemetry_sdk::trace::Sampler {
+        use opentelemetry_sdk::trace::Sampler;
+        let root = if self.ratio >= 1.0 {
+            Sampler::AlwaysOn
+        } else if self.ratio <= 0.0 {
+            Sampler::AlwaysOff
+        } else {
+            Sampler::TraceIdRatioBased(self.ratio)
+        };
+        if self.parent_based {
+            Sampler::ParentBased(Box::new(root))
+        } else {
+            root
+        }
+    }
 }
 
 fn span_exporter(
@@ -160,12 +195,7 @@ pub fn init(level: &str, format: LogFormat, tracing: &TracingConfig) -> Telemetr
                         instance.clone(),
                     ));
                 }
-                let sampler = opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
-                    match tracing.sampling_ratio {
-                        Some(ratio) => opentelemetry_sdk::trace::Sampler::TraceIdRatioBased(ratio),
-                        None => opentelemetry_sdk::trace::Sampler::AlwaysOn,
-                    },
-                ));
+                let sampler = tracing.sampling.sampler();
                 let provider = SdkTracerProvider::builder()
                     .with_batch_exporter(exporter)
                     .with_sampler(sampler)

@@ -25,6 +25,6 @@ mod throttle;
 pub use labels::{
     CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
 };
-pub use logs::{LogFormat, OtlpProtocol, Telemetry, TracingConfig, init};
+pub use logs::{LogFormat, OtlpProtocol, Sampling, Telemetry, TracingConfig, init};
 pub use metrics::Metrics;
 pub use throttle::LogThrottle;

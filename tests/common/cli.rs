@@ -6,8 +6,17 @@ use std::process::Command;
 
 /// Runs `portcullis ARGS`: its exit code, stdout then stderr.
 pub fn portcullis(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+    portcullis_with_env(args, &[])
+}
+
+/// `portcullis` with `envs` added to its environment; a command that does not exit by itself
+/// (a `serve` that starts) is stopped after 10 s and answers -1.
+pub fn portcullis_with_env(args: &[&str], envs: &[(&str, &str)]) -> (i32, String) {
+    let out = Command::new("timeout")
+        .arg("10")
+        .arg(env!("CARGO_BIN_EXE_portcullis"))
         .args(args)
+        .envs(envs.iter().copied())
         .output()
         .expect("run portcullis");
     let text = format!(
@@ -15,7 +24,9 @@ pub fn portcullis(args: &[&str]) -> (i32, String) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    (out.status.code().unwrap_or(-1), text)
+    // timeout(1) answers 124 when it had to stop the command.
+    let code = out.status.code().filter(|c| *c != 124).unwrap_or(-1);
+    (code, text)
 }
 
 /// A temporary directory holding `files` (names may have folders).

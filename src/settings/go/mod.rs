@@ -186,35 +186,10 @@ impl Reader<'_> {
     }
 }
 
-/// Go's `time.ParseDuration` for the units its settings use: `300ms`, `10s`, `1m30s`, `24h`.
+/// Go's `time.ParseDuration` (`300ms`, `10s`, `1m30s`, `24h`): the one duration syntax, which
+/// reads everything Go's does.
 pub fn parse_go_duration(text: &str) -> Option<Duration> {
-    let mut rest = text.trim();
-    if rest == "0" {
-        return Some(Duration::ZERO);
-    }
-    let mut total = Duration::ZERO;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let value: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total += Duration::from_secs_f64(value * seconds);
-    }
-    Some(total)
+    crate::duration::parse(text).ok()
 }
 
 /// `user:password` or `password`, as the Go service splits REDIS_AUTH.
@@ -237,6 +212,9 @@ pub fn from_go_env(
         problems: Vec::new(),
     };
     s.env_compat = Some("go".into());
+    // The Go service starts on an empty runtime directory (its rules may arrive later); a
+    // warning says so at start.
+    s.allow_empty_rules = true;
 
     listeners(&mut r, &mut s);
     logs(&mut r, &mut s);

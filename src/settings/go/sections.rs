@@ -275,6 +275,14 @@ const PER_SECOND_REDIS: RedisVars = RedisVars {
 
 /// One Redis as the Go service reads it (`vars` name the main one's variables or the per-second
 /// one's), into `s`'s Redis settings; the TLS files are shared, as in the Go service.
+/// `host:port` rather than a socket's path.
+fn looks_like_tcp(url: &str) -> bool {
+    !url.starts_with('/')
+        && url
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
 fn redis_section(r: &mut Reader<'_>, vars: &RedisVars, s: &mut Settings) {
     let tls = r.bool(vars.tls, false);
     let socket = r.string(vars.socket, "unix").to_lowercase();
@@ -285,6 +293,20 @@ fn redis_section(r: &mut Reader<'_>, vars: &RedisVars, s: &mut Settings) {
     s.redis_sentinel = Vec::new();
     match kind.as_str() {
         "SINGLE" if url.contains("://") => s.redis_url = Some(url),
+        "SINGLE" if socket == "unix" && looks_like_tcp(&url) => {
+            let set = if r.get(vars.socket).is_some() {
+                "is unix"
+            } else {
+                "is unset, and the Go service's default is unix"
+            };
+            r.refuse_if(
+                true,
+                format!(
+                    "{}={url:?} is a TCP address, but {} {set}: set {}=tcp",
+                    vars.url, vars.socket, vars.socket
+                ),
+            );
+        }
         "SINGLE" if socket == "unix" => s.redis_url = Some(format!("redis+unix://{url}")),
         "SINGLE" => {
             let scheme = if tls { "rediss" } else { "redis" };

@@ -107,6 +107,14 @@ fn the_go_defaults_and_redis_url_forms() {
     )
     .unwrap();
     assert_eq!(s.redis_cluster, vec!["a:7000", "b:7001"]);
+
+    // host:port with the unix socket type (Go's default) would dial a socket by that name.
+    let Err(e) = from_go_env(base(), &env(&[("REDIS_URL", "redis:6379")])) else {
+        panic!("a TCP address on a unix socket type is refused");
+    };
+    let e = e.to_string();
+    assert!(e.contains("REDIS_SOCKET_TYPE is unset"), "{e}");
+    assert!(e.contains("REDIS_SOCKET_TYPE=tcp"), "{e}");
 }
 
 #[test]

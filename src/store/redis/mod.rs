@@ -299,6 +299,24 @@ async fn probe_node<C: redis::aio::ConnectionLike>(
             .unwrap_or("unknown")
             .trim()
             .to_owned();
+        // Every counter has a TTL, so every `volatile-*` policy may evict live counters too.
+        let memory = match redis::cmd("INFO").arg("memory").query_async(conn).await? {
+            Value::Map(nodes) => nodes.into_iter().next().map_or(Value::Nil, |(_, v)| v),
+            one => one,
+        };
+        let memory: String = redis::from_redis_value(memory)?;
+        if let Some(policy) = memory
+            .lines()
+            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+            .map(str::trim)
+            .filter(|p| *p != "noeviction")
+        {
+            tracing::warn!(
+                maxmemory_policy = policy,
+                "this Redis may evict keys when full: an evicted counter hands its budget back \
+                 (over-admission); set maxmemory-policy noeviction (docs/redis.md)"
+            );
+        }
         redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(script::SOURCE)
