@@ -7,8 +7,8 @@ use clap::Parser;
 
 use portcullis::algorithm::Algorithm;
 use portcullis::clock::SystemClock;
-use portcullis::review::commands;
 use portcullis::review::explain::Call;
+use portcullis::review::{self, commands};
 use portcullis::rules::LoadOptions;
 use portcullis::settings::{self, Cli, Command, Settings};
 use portcullis::{server, telemetry};
@@ -60,7 +60,11 @@ fn main() -> ExitCode {
             entries,
             merge_domain_config,
             scaling_file,
+            decisions,
         } => {
+            let Some(mode) = review_mode(&decisions, merge_domain_config) else {
+                return ExitCode::from(commands::UNUSABLE);
+            };
             let call = Call {
                 domain,
                 descriptor: entries,
@@ -69,7 +73,7 @@ fn main() -> ExitCode {
             exit(commands::explain(
                 &config,
                 &call,
-                options(merge_domain_config),
+                &mode,
                 scaling_file.as_deref(),
                 &mut std::io::stdout(),
                 &mut std::io::stderr(),
@@ -80,7 +84,11 @@ fn main() -> ExitCode {
             paths,
             junit,
             merge_domain_config,
+            decisions,
         } => {
+            let Some(mode) = review_mode(&decisions, merge_domain_config) else {
+                return ExitCode::from(commands::UNUSABLE);
+            };
             let (rules, tests) = match config {
                 Some(rules) => (rules, paths),
                 None => {
@@ -100,7 +108,7 @@ fn main() -> ExitCode {
             exit(commands::test(
                 &rules,
                 &tests,
-                options(merge_domain_config),
+                &mode,
                 junit.as_deref(),
                 &mut std::io::stdout(),
                 &mut std::io::stderr(),
@@ -112,15 +120,21 @@ fn main() -> ExitCode {
             tests,
             json,
             merge_domain_config,
-        } => exit(commands::diff(
-            &old,
-            &new,
-            &tests,
-            options(merge_domain_config),
-            json,
-            &mut std::io::stdout(),
-            &mut std::io::stderr(),
-        )),
+            decisions,
+        } => {
+            let Some(mode) = review_mode(&decisions, merge_domain_config) else {
+                return ExitCode::from(commands::UNUSABLE);
+            };
+            exit(commands::diff(
+                &old,
+                &new,
+                &tests,
+                &mode,
+                json,
+                &mut std::io::stdout(),
+                &mut std::io::stderr(),
+            ))
+        }
         Command::Ask {
             addr,
             domain,
@@ -185,6 +199,17 @@ fn options(merge_domains: bool) -> LoadOptions {
     LoadOptions {
         merge_domains,
         default_algorithm: Algorithm::SlidingWindow,
+    }
+}
+
+/// How a rules command decides: as a deployment with this environment and these flags.
+fn review_mode(decisions: &settings::Decisions, merge_domains: bool) -> Option<review::Mode> {
+    match decisions.mode(merge_domains, &settings::go::process_env) {
+        Ok(mode) => Some(mode),
+        Err(e) => {
+            eprintln!("portcullis: {e}");
+            None
+        }
     }
 }
 

@@ -456,7 +456,7 @@ fn explain_and_test_agree_on_every_shipped_case() {
                 let code = commands::explain(
                     &root().join(rules),
                     &call,
-                    options,
+                    &options.into(),
                     None,
                     &mut out,
                     &mut std::io::sink(),

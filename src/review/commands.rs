@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::Mode;
 use super::diff;
 use super::explain::{Call, explain as explain_call, render};
 use super::report::{self, FileResults};
@@ -60,7 +61,7 @@ pub fn check(
 pub fn explain(
     dir: &Path,
     call: &Call,
-    options: LoadOptions,
+    mode: &Mode,
     scaling_file: Option<&Path>,
     out: &mut dyn Write,
     err: &mut dyn Write,
@@ -72,7 +73,8 @@ pub fn explain(
             return FAIL;
         }
     };
-    let bench = match load(dir, options) {
+    let _ = writeln!(err, "{}", mode.describe());
+    let bench = match load(dir, mode) {
         Ok(b) => b,
         Err(e) => {
             let _ = writeln!(err, "{e}");
@@ -102,9 +104,10 @@ fn read_scaling(path: &Path) -> Result<Scaling, String> {
     })
 }
 
-fn load(dir: &Path, options: LoadOptions) -> Result<Bench, String> {
-    let snapshot = rules::load_dir(dir, options).map_err(|e| e.to_string())?;
-    Bench::new(Arc::new(snapshot)).map_err(|e| format!("cannot start the runtime: {e}"))
+fn load(dir: &Path, mode: &Mode) -> Result<Bench, String> {
+    let snapshot = rules::load_dir(dir, mode.options).map_err(|e| e.to_string())?;
+    Bench::with_service(Arc::new(snapshot), mode.service.clone())
+        .map_err(|e| format!("cannot start the runtime: {e}"))
 }
 
 /// The test files named: files as given, directories' `.yaml`/`.yml` files (recursively, in
@@ -184,12 +187,13 @@ fn read_tests(paths: &[PathBuf]) -> Result<Vec<(TestFile, Scaling)>, Vec<String>
 pub fn test(
     dir: &Path,
     tests: &[PathBuf],
-    options: LoadOptions,
+    mode: &Mode,
     junit: Option<&Path>,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    let bench = match load(dir, options) {
+    let _ = writeln!(err, "{}", mode.describe());
+    let bench = match load(dir, mode) {
         Ok(b) => b,
         Err(e) => {
             let _ = writeln!(err, "{e}");
@@ -255,12 +259,16 @@ pub fn diff(
     old: &Path,
     new: &Path,
     tests: &[PathBuf],
-    options: LoadOptions,
+    mode: &Mode,
     json: bool,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
-    let loaded = load(old, options).and_then(|o| Ok((o, load(new, options)?)));
+    // JSON carries it in the document, for tools that read both streams as one.
+    if !json {
+        let _ = writeln!(err, "{}", mode.describe());
+    }
+    let loaded = load(old, mode).and_then(|o| Ok((o, load(new, mode)?)));
     let (before, after) = match loaded {
         Ok(pair) => pair,
         Err(e) => {
@@ -284,7 +292,7 @@ pub fn diff(
     let changes = diff::rules(&before.snapshot(), &after.snapshot());
     let cases = case_changes(&before, &after, &files);
     if json {
-        let doc = serde_json::json!({ "rules": changes, "cases": cases });
+        let doc = serde_json::json!({ "rules": changes, "cases": cases, "mode": mode.describe() });
         let _ = writeln!(out, "{doc:#}");
     } else {
         let _ = write!(out, "{}", diff::text(&changes));

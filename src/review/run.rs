@@ -39,16 +39,25 @@ pub struct Bench {
     rules: Arc<ArcSwap<Snapshot>>,
     metrics: Arc<Metrics>,
     runtime: tokio::runtime::Runtime,
+    /// What the service is told at start, as the deployment tells it.
+    service: ServiceConfig,
 }
 
 impl Bench {
+    /// With the command line's defaults for how the service decides.
     pub fn new(snapshot: Arc<Snapshot>) -> std::io::Result<Self> {
+        Self::with_service(snapshot, ServiceConfig::default())
+    }
+
+    /// Deciding as a service told `service` at start.
+    pub fn with_service(snapshot: Arc<Snapshot>, service: ServiceConfig) -> std::io::Result<Self> {
         Ok(Self {
             rules: Arc::new(ArcSwap::new(snapshot)),
             metrics: Arc::new(Metrics::default()),
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()?,
+            service,
         })
     }
 
@@ -63,7 +72,7 @@ impl Bench {
         Decider::new(
             self.rules.clone(),
             limiter,
-            ServiceConfig::default(),
+            self.service.clone(),
             self.metrics.clone(),
         )
         .with_scaling(Arc::new(ArcSwap::from_pointee(scaling.clone())))

@@ -5,9 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::ChargeMode;
 use crate::service::quota::QuotaConfig;
-use crate::service::{HeaderNames, ServiceConfig};
 use crate::telemetry::statsd_mapping::StatsdMapping;
 
 use crate::settings::Settings;
@@ -185,34 +183,6 @@ pub(super) fn redis_config(settings: &Settings) -> Result<RedisConfig, StartErro
 pub(super) fn read_file(flag: &str, path: &std::path::Path) -> Result<Vec<u8>, StartError> {
     std::fs::read(path)
         .map_err(|e| StartError::Settings(format!("cannot read {flag} {}: {e}", path.display())))
-}
-
-/// The decider's configuration: headers, global modes, the charge mode and the request bounds.
-pub(super) fn service_config(settings: &Settings) -> ServiceConfig {
-    ServiceConfig {
-        response_headers: settings.response_headers,
-        header_names: HeaderNames {
-            limit: settings.header_limit_name.clone(),
-            remaining: settings.header_remaining_name.clone(),
-            reset: settings.header_reset_name.clone(),
-        },
-        global_shadow_mode: settings.shadow_mode,
-        global_quota_mode: settings.quota_mode,
-        charge: if settings.stop_charging_when_over {
-            ChargeMode::AllOrNothing
-        } else {
-            ChargeMode::EachAlone
-        },
-        dynamic_metadata: settings.response_dynamic_metadata,
-        override_algorithm: settings.override_algorithm,
-        // The Go service counts every hit, refused or not (INCRBY, then compare), unless told to
-        // stop charging over the limit: drop-in mode counts the same, so Go rules keep meaning.
-        post_paid_everywhere: settings.env_compat.as_deref() == Some("go")
-            && !settings.stop_charging_when_over,
-        max_descriptors: settings.max_descriptors,
-        max_entries: settings.max_entries,
-        max_string_bytes: settings.max_string_bytes,
-    }
 }
 
 /// A custom statsd_exporter mapping for the Go-named series: read now, refused whole.

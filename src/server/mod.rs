@@ -192,7 +192,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     }
     let reserved_view = quota.reserved.clone();
     let limiter = Arc::new(limiter);
-    let config = config::service_config(settings);
+    let config = settings.service_config();
     // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the
     // store's temporary factors, read once now and every reload interval after.
     let (scaling_fingerprint, scaling_file) = match &settings.scaling_file {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use super::{Settings, Sources};
+use super::{Decisions, Settings, Sources};
 
 #[derive(Parser)]
 #[command(
@@ -56,6 +56,8 @@ pub enum Command {
         /// factors live in the store: `GET /scaling` or `/rlconfig` of a running replica).
         #[arg(long, env = "PORTCULLIS_SCALING_FILE")]
         scaling_file: Option<PathBuf>,
+        #[command(flatten)]
+        decisions: Decisions,
     },
     /// Run rules test files against a rules directory; exit 1 when a case fails, 2 when a test
     /// file or the rules cannot be used.
@@ -74,6 +76,8 @@ pub enum Command {
         /// Merge a domain defined in several files (as `serve --merge-domain-config`).
         #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
+        #[command(flatten)]
+        decisions: Decisions,
     },
     /// Say what changes between two rules directories, rule by rule (and case by case with
     /// --tests); exit 0 when nothing changes, 1 when something does, 2 on invalid input.
@@ -91,6 +95,8 @@ pub enum Command {
         /// Merge a domain defined in several files (as `serve --merge-domain-config`).
         #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
+        #[command(flatten)]
+        decisions: Decisions,
     },
     /// Send one ShouldRateLimit request to a running server and print the answer; exit 0 when
     /// it is OK, 1 when it is OVER_LIMIT, 2 when no answer came.

@@ -1,10 +1,12 @@
-//! What the composition root derives from `Settings`: the rules loader's options, the tracing
-//! configuration, the gRPC request timeout in force. It must never read the environment.
+//! What the composition root derives from `Settings`: the rules loader's options, what the
+//! service is told, the tracing configuration, the gRPC request timeout in force. It must never read the environment.
 
 use std::time::Duration;
 
 use super::Settings;
+use crate::algorithm::ChargeMode;
 use crate::rules::LoadOptions;
+use crate::service::{HeaderNames, ServiceConfig};
 use crate::telemetry::{Sampling, TracingConfig};
 
 impl Settings {
@@ -62,6 +64,35 @@ impl Settings {
                 parent_based: true,
                 ratio: self.traces_sampling_ratio.unwrap_or(1.0),
             },
+        }
+    }
+
+    /// What the service is told at start (headers, shadow and quota modes, how calls are
+    /// charged, request bounds): `serve`'s, and what the rules commands decide with.
+    pub fn service_config(&self) -> ServiceConfig {
+        ServiceConfig {
+            response_headers: self.response_headers,
+            header_names: HeaderNames {
+                limit: self.header_limit_name.clone(),
+                remaining: self.header_remaining_name.clone(),
+                reset: self.header_reset_name.clone(),
+            },
+            global_shadow_mode: self.shadow_mode,
+            global_quota_mode: self.quota_mode,
+            charge: if self.stop_charging_when_over {
+                ChargeMode::AllOrNothing
+            } else {
+                ChargeMode::EachAlone
+            },
+            dynamic_metadata: self.response_dynamic_metadata,
+            override_algorithm: self.override_algorithm,
+            // The Go service counts every hit, refused or not (INCRBY, then compare), unless told to
+            // stop charging over the limit: drop-in mode counts the same, so Go rules keep meaning.
+            post_paid_everywhere: self.env_compat.as_deref() == Some("go")
+                && !self.stop_charging_when_over,
+            max_descriptors: self.max_descriptors,
+            max_entries: self.max_entries,
+            max_string_bytes: self.max_string_bytes,
         }
     }
 

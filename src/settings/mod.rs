@@ -18,6 +18,7 @@ use crate::service::admin::Routes;
 use crate::telemetry::{LogFormat, OtlpProtocol};
 
 mod cli;
+mod decisions;
 mod defaults;
 mod derived;
 pub mod go;
@@ -29,6 +30,7 @@ mod xds;
 
 pub use cli::parse_command_line;
 pub use cli::{Cli, Command};
+pub use decisions::Decisions;
 pub use rlqs::RlqsSettings;
 pub use sources::Sources;
 pub use validate::SettingsError;

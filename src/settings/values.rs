@@ -79,7 +79,7 @@ impl From<FailureModeArg> for FailureMode {
 
 /// `--override-algorithm` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(super) enum AlgorithmArg {
+pub(crate) enum AlgorithmArg {
     SlidingWindow,
     TokenBucket,
     FixedWindow,

@@ -124,13 +124,25 @@ impl MemoryStore {
                     looked.push(Some(outcome.decision));
                 }
                 let all = looked.iter().flatten().all(|d| d.allowed);
-                // Room for every new counter first: a call is charged whole or not at all.
+                // Room for every new counter of the call at once, first: a call is charged whole
+                // or not at all. Only a charge makes a counter (a refund or a check of no hits
+                // needs no room).
                 if all {
-                    for check in checks {
-                        let shard = &mut guards[position(check)];
-                        if let Err(e) = self.make_room(shard, &check.key, now_us) {
-                            return vec![Err(e); checks.len()];
-                        }
+                    let mut new_keys: Vec<&str> = checks
+                        .iter()
+                        .filter(|c| !c.refund && c.hits > 0)
+                        // An expired counter counts as new: making room may sweep it.
+                        .filter(|c| {
+                            guards[position(c)]
+                                .get(c.key.as_str())
+                                .is_none_or(|e| e.expires_at_us <= now_us)
+                        })
+                        .map(|c| c.key.as_str())
+                        .collect();
+                    new_keys.sort_unstable();
+                    new_keys.dedup();
+                    if let Err(e) = self.make_room_for(&mut guards, new_keys.len(), now_us) {
+                        return vec![Err(e); checks.len()];
                     }
                 }
                 checks
@@ -150,6 +162,48 @@ impl MemoryStore {
                     .collect()
             }
         }
+    }
+
+    /// Whether `count` new counters fit, the call's `held` shards locked: expired counters are
+    /// dropped to make room (the held shards', then those of every shard free at this moment);
+    /// a store full of live ones refuses.
+    fn make_room_for(
+        &self,
+        held: &mut [MutexGuard<'_, HashMap<String, Entry>>],
+        count: usize,
+        now_us: u64,
+    ) -> Result<(), StoreError> {
+        let fits = || self.live.load(Ordering::Relaxed) + count <= self.max_counters;
+        if count == 0 || fits() {
+            return Ok(());
+        }
+        for shard in held.iter_mut() {
+            self.retain_live(shard, now_us);
+        }
+        for other in self.shards.iter() {
+            if fits() {
+                return Ok(());
+            }
+            // A shard the call holds answers WouldBlock and is skipped: it was swept above.
+            let mut guard = match other.try_lock() {
+                Ok(guard) => guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            self.retain_live(&mut guard, now_us);
+        }
+        if fits() {
+            return Ok(());
+        }
+        Err(self.full())
+    }
+
+    fn full(&self) -> StoreError {
+        StoreError::Unavailable(format!(
+            "the memory store is full ({} live counters, --memory-max-counters); a new \
+             descriptor cannot be counted until some expire",
+            self.max_counters
+        ))
     }
 
     /// Whether `key` has, or can get, a counter in `shard`: expired counters are dropped to make
@@ -181,11 +235,7 @@ impl MemoryStore {
         if has_room() {
             return Ok(());
         }
-        Err(StoreError::Unavailable(format!(
-            "the memory store is full ({} live counters, --memory-max-counters); a new \
-             descriptor cannot be counted until some expire",
-            self.max_counters
-        )))
+        Err(self.full())
     }
 
     /// Runs one check on a locked shard: charges or refunds when `commit`, else only looks.

@@ -116,3 +116,38 @@ fn a_full_store_refuses_new_counters_and_keeps_the_live_ones() {
     let fresh = check("{d|ip=after}".into(), Algorithm::FixedWindow);
     assert!(store.check_at(&fresh, clock.now_us()).unwrap().allowed);
 }
+
+/// Near its cap, an all-or-nothing call whose new counters do not all fit is refused whole (no
+/// counter made, nothing charged); refunds and checks of no hits need no room, so a full store
+/// still answers them.
+#[test]
+fn near_its_cap_an_all_or_nothing_call_is_charged_whole_or_not_at_all() {
+    let clock = ManualClock::new(1_763_000_000_000_000);
+    let store = MemoryStore::with_max_counters(Arc::new(clock.clone()), 2);
+    let now = clock.now_us();
+    let a = check("{d|k=a}".into(), Algorithm::FixedWindow);
+    assert!(store.check_at(&a, now).unwrap().allowed);
+    // One place left, two new counters wanted.
+    let b = check("{d|k=b}".into(), Algorithm::FixedWindow);
+    let c = check("{d|k=c}".into(), Algorithm::FixedWindow);
+    let answers = store.check_all_at(&[b.clone(), c.clone()], now, ChargeMode::AllOrNothing);
+    assert!(answers.iter().all(|a| a.is_err()), "{answers:?}");
+    assert_eq!(store.len(), 1, "no counter made for a refused call");
+    // One new counter fits.
+    let answers = store.check_all_at(std::slice::from_ref(&b), now, ChargeMode::AllOrNothing);
+    assert!(answers[0].as_ref().unwrap().allowed);
+    assert_eq!(store.len(), 2);
+    // Full: a refund of `a` and a check of no hits on a new key are still answered.
+    let refund = Check {
+        refund: true,
+        ..a.clone()
+    };
+    let look = Check {
+        hits: 0,
+        ..c.clone()
+    };
+    let answers = store.check_all_at(&[refund, look], now, ChargeMode::AllOrNothing);
+    assert!(answers.iter().all(|a| a.is_ok()), "{answers:?}");
+    // `a` was given back whole (its counter is empty and goes); the look made none.
+    assert_eq!(store.len(), 1);
+}

@@ -154,17 +154,19 @@ pub(super) fn store(r: &mut Reader<'_>, s: &mut Settings) {
     redis_section(r, &MAIN_REDIS, s);
     // Per-second limits in a Redis of their own, read from the REDIS_PERSECOND_* variables (the
     // TLS files are shared, as in the Go service).
-    if r.bool("REDIS_PERSECOND", false) {
-        let mut per_second = s.clone();
-        per_second.redis_per_second = None;
-        redis_section(r, &PER_SECOND_REDIS, &mut per_second);
-        s.redis_per_second = Some(Box::new(per_second));
-    }
     s.redis_connect_timeout = r.duration("REDIS_TIMEOUT", Duration::from_secs(10));
     // Go bounds every Redis command by REDIS_TIMEOUT: set, it is each decision's deadline too
     // (unset, the decision keeps Portcullis' short deadline, under Envoy's 20 ms timeout).
     if r.get("REDIS_TIMEOUT").is_some() {
         s.store_timeout = s.redis_connect_timeout;
+    }
+    // The per-second Redis is a copy of the main one's settings (timeouts included, as Go
+    // applies REDIS_TIMEOUT to both clients), its address and credentials its own.
+    if r.bool("REDIS_PERSECOND", false) {
+        let mut per_second = s.clone();
+        per_second.redis_per_second = None;
+        redis_section(r, &PER_SECOND_REDIS, &mut per_second);
+        s.redis_per_second = Some(Box::new(per_second));
     }
     s.key_prefix = r.string("CACHE_KEY_PREFIX", "");
     let local_cache = r.number::<usize>("LOCAL_CACHE_SIZE_IN_BYTES", 0);

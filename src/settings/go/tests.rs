@@ -220,10 +220,14 @@ fn what_cannot_be_honoured_stops_the_start_naming_the_variable() {
             ("REDIS_PERSECOND_TYPE", "cluster"),
             ("REDIS_PERSECOND_URL", "a:7000,b:7001"),
             ("REDIS_PERSECOND_AUTH", "fast:pw"),
+            ("REDIS_TIMEOUT", "300ms"),
         ]),
     )
     .unwrap();
     let fast = s.redis_per_second.expect("a per-second Redis");
+    // REDIS_TIMEOUT bounds the per-second Redis' connections and calls too.
+    assert_eq!(fast.redis_connect_timeout, Duration::from_millis(300));
+    assert_eq!(fast.store_timeout, Duration::from_millis(300));
     assert_eq!(s.redis_url.as_deref(), Some("redis://main:6379"));
     assert_eq!(fast.redis_cluster, vec!["a:7000", "b:7001"]);
     assert_eq!(fast.redis_user.as_deref(), Some("fast"));
