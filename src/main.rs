@@ -23,6 +23,14 @@ fn main() -> ExitCode {
     // The image's `/bin/ratelimit`: a Deployment written for envoyproxy/ratelimit runs it with no
     // arguments and configures it through the Go service's environment variables.
     if invoked_as_ratelimit() {
+        // Kubernetes appends a container's `args` to the image's entrypoint: the Go binary
+        // takes none, so neither does this one.
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if !args.is_empty() {
+            eprintln!(
+                "ratelimit: arguments ignored (configured by environment variables): {args:?}"
+            );
+        }
         return match go_settings(default_settings()) {
             Ok(settings) => serve(settings),
             Err(e) => {
@@ -158,19 +166,25 @@ fn serve(settings: Settings) -> ExitCode {
             settings.log_format,
             &settings.tracing(),
         );
-        let running = match server::start(&settings, Arc::new(SystemClock::default())).await {
+        let mut running = match server::start(&settings, Arc::new(SystemClock::default())).await {
             Ok(running) => running,
             Err(e) => {
                 eprintln!("portcullis: {e}");
                 return ExitCode::FAILURE;
             }
         };
-        shutdown_signal().await;
+        let code = tokio::select! {
+            () = shutdown_signal() => ExitCode::SUCCESS,
+            reason = running.fatal() => {
+                eprintln!("portcullis: {reason}");
+                ExitCode::FAILURE
+            }
+        };
         running.drain(settings.drain_period).await;
         tracing::info!("stopped");
         // The batch exporter blocks while flushing: off the async worker.
         let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
-        ExitCode::SUCCESS
+        code
     })
 }
 

@@ -706,3 +706,132 @@ async fn go_tracing_variables_send_otlp_over_http() {
     assert!(spans.contains(&"should_rate_limit"), "{spans:?}");
     receiver.abort();
 }
+
+/// Ready means able to decide: started with Redis away, the drop-in mode answers `/healthcheck`
+/// 500 and gRPC health NOT_SERVING (Envoy Gateway routes by readiness), liveness stays up, and
+/// it turns ready once Redis answers, as the Go service does since it waits for its first Redis
+/// connection. With REDIS_STARTUP_MAX_ELAPSED_TIME it gives up and exits, as Go does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_away_at_start_it_is_not_ready_until_redis_answers() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let root = config_tree();
+    let redis_port = free_port();
+    let mut envs = go_env(root.path());
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{redis_port}")),
+    ]);
+    let server = ServeProcess::spawn_as_ratelimit(&envs);
+    let http_port = var(&envs, "PORT");
+    let (status, body) = http(http_port, "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("has not answered"), "{body}");
+    let (status, _) = http(server.admin_port, "GET", "/healthz", "").await;
+    assert_eq!(status, 200, "liveness never depends on Redis");
+    let channel = tonic::transport::Channel::from_shared(server.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let health = HealthClient::new(channel);
+    let status_of = |service: &'static str| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+        }
+    };
+    assert_eq!(
+        status_of("ratelimit").await,
+        ServingStatus::NotServing as i32
+    );
+
+    let _redis = RedisServer::start_on(redis_port);
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = http(http_port, "GET", "/healthcheck", "").await;
+        if status == 200 && status_of("ratelimit").await == ServingStatus::Serving as i32 {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "never ready: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(server);
+
+    // REDIS_STARTUP_MAX_ELAPSED_TIME: never reached, it exits non-zero.
+    let mut envs = go_env(root.path());
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", free_port())),
+        ("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s".to_owned()),
+    ]);
+    let mut server = ServeProcess::spawn_as_ratelimit(&envs);
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "still running past the limit"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success(), "{status}");
+    assert!(
+        server.log().contains("REDIS_STARTUP_MAX_ELAPSED_TIME"),
+        "{}",
+        server.log()
+    );
+}
+
+/// The image's entrypoint as Kubernetes calls it. The `ratelimit` target of deploy/Dockerfile has
+/// the Go image's entrypoint, `/bin/ratelimit`: a Deployment written for the Go image that sets no
+/// command runs Portcullis in the drop-in mode, and one that sets only `args` too (Kubernetes
+/// appends them to the entrypoint; the binary, like Go's, takes none and says so). The default
+/// target keeps Portcullis' own command line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_go_images_entrypoint_runs_the_drop_in_mode_whatever_its_args() {
+    let dockerfile = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/Dockerfile"),
+    )
+    .unwrap();
+    let stage = |name: &str| {
+        let at = dockerfile
+            .find(&format!(" AS {name}\n"))
+            .unwrap_or_else(|| panic!("no {name} stage"));
+        let rest = &dockerfile[at..];
+        rest[..rest[1..].find("\nFROM ").map_or(rest.len(), |e| e + 1)].to_owned()
+    };
+    assert!(stage("ratelimit").contains("ENTRYPOINT [\"/bin/ratelimit\"]"));
+    assert!(stage("portcullis").contains("ENTRYPOINT [\"/bin/portcullis\"]"));
+    let last_from = dockerfile.rfind("\nFROM ").unwrap();
+    assert!(
+        dockerfile[last_from..].contains(" AS portcullis"),
+        "the default target is Portcullis' own"
+    );
+
+    let root = config_tree();
+    let redis = RedisServer::start();
+    let mut envs = go_env(root.path());
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+    ]);
+    let server = ServeProcess::spawn_as_ratelimit_with_args(&envs, &["-config", "ignored"]);
+    // The Go ports and the Go health path: the drop-in mode.
+    let (status, body) = http(var(&envs, "PORT"), "GET", "/healthcheck", "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        server.log().contains("arguments ignored"),
+        "{}",
+        server.log()
+    );
+}

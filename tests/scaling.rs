@@ -350,3 +350,62 @@ async fn a_scaling_change_needs_the_bearer_token() {
     settings.admin_scaling_token_file = Some(token_file);
     settings.validate().expect("with a token file");
 }
+
+/// `portcullis_rule_limit` gives each rule's limit as a series (per its unit, and per second), a
+/// layered rule per layer, with the factors in force applied: what "80% of the limit used"
+/// alerts divide by. A removed rule loses its series.
+#[tokio::test]
+async fn every_rule_limit_is_a_gauge_that_follows_the_scaling_in_force() {
+    let server = TestServer::start_with(&[("api.yaml", RULES)], |s| {
+        s.admin_scaling = true;
+        s.allow_rules_removal = true;
+    })
+    .await;
+    let limit = |m: &str, rule: &str, unit: &str| {
+        sample(
+            m,
+            &format!("portcullis_rule_limit{{domain=\"api\",rule=\"{rule}\",unit=\"{unit}\"}}"),
+        )
+    };
+    let per_second = |m: &str, rule: &str| {
+        sample(
+            m,
+            &format!("portcullis_rule_limit_per_second{{domain=\"api\",rule=\"{rule}\"}}"),
+        )
+    };
+    let (_, m) = http(admin(&server), "GET", "/metrics", "").await;
+    assert_eq!(limit(&m, "api.user", "hour"), 100.0);
+    assert!((per_second(&m, "api.user") - 100.0 / 3600.0).abs() < 1e-9);
+    assert_eq!(limit(&m, "api.login", "hour"), 10.0);
+    assert_eq!(limit(&m, "api.client/burst", "second"), 20.0);
+    assert_eq!(per_second(&m, "api.client/burst"), 20.0);
+    assert_eq!(limit(&m, "api.client/hourly", "hour"), 60.0);
+
+    // Halve the domain and double `login`: the gauges follow at once on this replica.
+    for body in [
+        r#"{"scope":"domain","name":"api","factor":0.5,"for_seconds":600}"#,
+        r#"{"scope":"name","name":"login","factor":2,"for_seconds":600}"#,
+    ] {
+        let (status, answer) = set(&server, body).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let (_, m) = http(admin(&server), "GET", "/metrics", "").await;
+    assert_eq!(limit(&m, "api.user", "hour"), 50.0);
+    assert_eq!(limit(&m, "api.login", "hour"), 10.0);
+    assert_eq!(limit(&m, "api.client/burst", "second"), 10.0);
+
+    // A rule removed by a reload loses its series.
+    let fewer = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+    std::fs::write(server.dir.path().join("api.yaml"), fewer).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, m) = http(admin(&server), "GET", "/metrics", "").await;
+        if !m.contains("rule=\"api.login\"") && !m.contains("api.client/burst") {
+            assert_eq!(limit(&m, "api.user", "hour"), 50.0);
+            break;
+        }
+        assert!(Instant::now() < until, "a removed rule's limit stays:\n{m}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}

@@ -93,9 +93,22 @@ pub struct Running {
     draining: Arc<AtomicBool>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Why the process must stop, once it must (the store unanswered past
+    /// `Settings::store_startup_limit`).
+    fatal: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 impl Running {
+    /// Waits until the server cannot go on (never, unless a start-up limit is set and passes);
+    /// says why. The caller stops the process (`main` exits non-zero).
+    pub async fn fatal(&mut self) -> String {
+        match self.fatal.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            // The sender lives as long as its task: gone means stopping already.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
     /// Graceful stop: report NOT_SERVING (gRPC health and `/readyz`) so that load balancers and
     /// Envoy move away, keep answering for `period`, then stop accepting, let in-flight calls
     /// finish, and return.
@@ -286,12 +299,26 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         ready_requires_rules: settings.ready_requires_rules,
         ready_on_permanent_store_errors: settings.ready_on_permanent_store_errors,
         store_ping_timeout: settings.store_timeout.max(Duration::from_millis(250)),
+        store_answered: Default::default(),
+        ready_requires_first_store_answer: settings.ready_requires_first_store_answer,
         scaling: scaling_handle,
         scaling_token_file: settings.admin_scaling_token_file.clone(),
         go_mapping,
         quota: quota_registry,
     };
+    let (fatal_tx, fatal) = tokio::sync::watch::channel(None);
+    if let Some(limit) = settings.store_startup_limit {
+        tasks.push(spawn_startup_limit(
+            limit,
+            admin_state.store_answered.clone(),
+            fatal_tx,
+            stopped.clone(),
+        ));
+    }
     let health_names = readiness_health_names(settings.rlqs.rlqs);
+    // Readiness known before the first call: a replica whose store has not answered yet (Redis
+    // away at start) is not ready from the first moment.
+    readiness::apply_once(&admin_state, &health, &health_names).await;
     tasks.push(readiness::spawn_readiness(
         admin_state.clone(),
         health.clone(),
@@ -356,6 +383,33 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         draining,
         stop,
         tasks,
+        fatal,
+    })
+}
+
+/// Go's REDIS_STARTUP_MAX_ELAPSED_TIME: when the store has not answered once within `limit`,
+/// tell `fatal` (the process then exits, as the Go service does, and Kubernetes restarts it).
+fn spawn_startup_limit(
+    limit: Duration,
+    answered: Arc<AtomicBool>,
+    fatal: tokio::sync::watch::Sender<Option<String>>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::select! {
+            () = tokio::time::sleep(limit) => {}
+            _ = stopped.wait_for(|s| *s) => return,
+        }
+        if !answered.load(Ordering::Relaxed) {
+            let reason = format!(
+                "the store did not answer within REDIS_STARTUP_MAX_ELAPSED_TIME ({limit:?}) of the \
+                 start"
+            );
+            tracing::error!("{reason}: stopping");
+            let _ = fatal.send(Some(reason));
+        }
+        // Held until the stop, so that `Running::fatal` keeps waiting rather than ending.
+        let _ = stopped.wait_for(|s| *s).await;
     })
 }
 

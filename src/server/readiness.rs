@@ -55,3 +55,22 @@ pub(super) fn spawn_readiness(
         }
     })
 }
+
+/// Works out readiness once and sets the gRPC health of `names` to it (at start, before the loop
+/// of `spawn_readiness` takes over).
+pub(super) async fn apply_once(
+    state: &admin::AdminState,
+    health: &HealthReporter,
+    names: &[&'static str],
+) {
+    let (ready, _) = admin::readiness(state).await;
+    state.metrics.ready.set(i64::from(ready));
+    let status = if ready {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    for name in names {
+        health.set_service_status(*name, status).await;
+    }
+}

@@ -42,6 +42,11 @@ pub struct AdminState {
     pub ready_on_permanent_store_errors: bool,
     /// How long the readiness ping of the store may take.
     pub store_ping_timeout: std::time::Duration,
+    /// Whether the store has answered once since start.
+    pub store_answered: Arc<AtomicBool>,
+    /// Not ready until the store has answered once (it could answer only by its failure mode),
+    /// as the Go service is not before its first Redis connection.
+    pub ready_requires_first_store_answer: bool,
     /// Runtime scaling in force, and what reads it back from the store.
     pub scaling: Arc<ScalingHandle>,
     /// The file of the bearer token `POST /scaling` requires; none: no token (loopback only).
@@ -162,8 +167,18 @@ pub async fn readiness(state: &AdminState) -> (bool, String) {
         Ok(()) => body.push_str(&format!("store: {store_name} ok\n")),
         Err(e) => body.push_str(&format!("store: {store_name} failing: {e}\n")),
     }
+    if store.is_ok() {
+        state.store_answered.store(true, Ordering::Relaxed);
+    }
     if state.draining.load(Ordering::Relaxed) {
         body.push_str("draining: shutting down\n");
+        return (false, body);
+    }
+    if state.ready_requires_first_store_answer && !state.store_answered.load(Ordering::Relaxed) {
+        body.push_str(
+            "not ready: the store has not answered since start; a replica takes calls once it \
+             can decide them\n",
+        );
         return (false, body);
     }
     let no_domain = rules.domain_names().is_empty();

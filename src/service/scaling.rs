@@ -1,5 +1,6 @@
 //! Runtime scaling at the service: the temporary factors read back from the store into the
-//! `ArcSwap<Scaling>` the decider reads per call, the per-domain gauge, and what the admin
+//! `ArcSwap<Scaling>` the decider reads per call, the per-domain gauge and each rule's limit as
+//! the factors make it (`portcullis_rule_limit`), and what the admin
 //! endpoint changes. The server calls `refresh` every reload interval (so every replica on one
 //! Redis applies the same factors within one interval); the admin endpoint calls it right after a
 //! change (so the replica that took it applies it on its next call).
@@ -16,7 +17,10 @@ use crate::limiter::Limiter;
 use crate::rules::Snapshot;
 use crate::rules::scaling::Scaling;
 use crate::store::StoreError;
-use crate::telemetry::{DomainLabels, LogThrottle, Metrics};
+use std::collections::HashSet;
+
+use crate::rules::scaling::scale;
+use crate::telemetry::{DomainLabels, LogThrottle, Metrics, RuleLabels, RuleLimitLabels};
 
 /// The store's clock when the factors were last read, and this process' instant then.
 #[derive(Default)]
@@ -106,6 +110,80 @@ pub fn publish(metrics: &Metrics, scaling: &Scaling, rules: &Snapshot) {
         if !published.contains(domain) {
             published.insert(domain.to_owned());
         }
+    }
+    drop(published);
+    publish_limits(metrics, scaling, rules);
+}
+
+/// `portcullis_rule_limit{domain, rule, unit}` and `…_per_second{domain, rule}` for every limited
+/// rule of the rules in force (a layered rule per layer, named as its hit counters are), scaled
+/// by the factors in force; a rule removed by a reload loses its series. One series per rule of
+/// the files: bounded by configuration, never by requests.
+fn publish_limits(metrics: &Metrics, scaling: &Scaling, rules: &Snapshot) {
+    let mut wanted: Vec<(RuleLimitLabels, f64, f64)> = Vec::new();
+    for rule in rules.rules() {
+        let limits: Vec<(
+            String,
+            Option<&str>,
+            &crate::algorithm::Limit,
+            crate::rules::Unit,
+        )> = if rule.layers.is_empty() {
+            match (&rule.limit, rule.unit) {
+                (Some(limit), Some(unit)) => {
+                    vec![(rule.full_key.clone(), rule.name.as_deref(), limit, unit)]
+                }
+                _ => continue,
+            }
+        } else {
+            rule.layers
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    (
+                        l.metric_name(&rule.full_key, i),
+                        l.name.as_deref(),
+                        &l.limit,
+                        l.unit,
+                    )
+                })
+                .collect()
+        };
+        for (name, limit_name, limit, unit) in limits {
+            let scaled = scale(limit, scaling.factor(&rule.domain, limit_name));
+            let labels = RuleLimitLabels {
+                domain: rule.domain.clone(),
+                rule: name,
+                unit: unit.name().to_owned(),
+            };
+            wanted.push((labels, scaled.requests as f64, scaled.per_second()));
+        }
+    }
+    let mut series = metrics
+        .rule_limit_series
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let keep: HashSet<&RuleLimitLabels> = wanted.iter().map(|(l, _, _)| l).collect();
+    series.retain(|labels| {
+        let kept = keep.contains(labels);
+        if !kept {
+            metrics.rule_limit.remove(labels);
+            metrics.rule_limit_per_second.remove(&RuleLabels {
+                domain: labels.domain.clone(),
+                rule: labels.rule.clone(),
+            });
+        }
+        kept
+    });
+    for (labels, per_unit, per_second) in wanted {
+        metrics.rule_limit.get_or_create(&labels).set(per_unit);
+        metrics
+            .rule_limit_per_second
+            .get_or_create(&RuleLabels {
+                domain: labels.domain.clone(),
+                rule: labels.rule.clone(),
+            })
+            .set(per_second);
+        series.insert(labels);
     }
 }
 

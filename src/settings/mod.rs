@@ -323,6 +323,11 @@ pub struct Settings {
     /// Make /readyz fail while the store does not answer (by default it only reports it).
     #[arg(long, env = "PORTCULLIS_READY_REQUIRES_STORE")]
     pub ready_requires_store: bool,
+    /// Not ready until the store has answered once since start (a replica of its own Deployment
+    /// should take no calls it can only answer by its failure mode; the Go drop-in mode's
+    /// default). Off by default: as a sidecar, readiness gates the gateway's own pod.
+    #[arg(long, env = "PORTCULLIS_READY_REQUIRES_FIRST_STORE_ANSWER")]
+    pub ready_requires_first_store_answer: bool,
     /// After SIGTERM/SIGINT: how long to keep answering while health reports NOT_SERVING.
     #[arg(long, env = "PORTCULLIS_DRAIN_PERIOD", default_value = "5s", value_parser = parse_duration)]
     pub drain_period: Duration,
@@ -421,6 +426,10 @@ pub struct Settings {
     /// Go mode: variables read but deliberately not acted on, logged once at start-up.
     #[arg(skip)]
     pub ignored_variables: Vec<String>,
+    /// Go mode's REDIS_STARTUP_MAX_ELAPSED_TIME: the process exits when the store has not
+    /// answered once within this after start.
+    #[arg(skip)]
+    pub store_startup_limit: Option<Duration>,
     /// Which flags the user set, and by which variable (for messages that name them).
     #[arg(skip)]
     pub sources: Sources,

@@ -13,6 +13,15 @@ pub struct RuleLabels {
     pub rule: String,
 }
 
+/// A configured rule (or layer: `rule/name`) and the unit of its limit: one series per rule of the
+/// rules files, never per request value.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLimitLabels {
+    pub domain: String,
+    pub rule: String,
+    pub unit: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: String,

@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 
 use super::labels::{
     CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
+    RuleLimitLabels,
 };
 use super::process::ProcessGauges;
 use super::quota_metrics::QuotaMetrics;
@@ -53,6 +54,12 @@ pub struct Metrics {
     pub scaling_factor: Family<DomainLabels, Gauge<f64, AtomicU64>>,
     /// The domains `scaling_factor` has a series for (so a removed domain's goes).
     pub scaling_domains: Mutex<HashSet<String>>,
+    /// Each configured rule's (and layer's) limit per its unit, scaled by the factors in force.
+    pub rule_limit: Family<RuleLimitLabels, Gauge<f64, AtomicU64>>,
+    /// The same limit per second, for comparing with rates of the hit counters.
+    pub rule_limit_per_second: Family<RuleLabels, Gauge<f64, AtomicU64>>,
+    /// The series `rule_limit` has (so a removed rule's go).
+    pub rule_limit_series: Mutex<HashSet<RuleLimitLabels>>,
     pub scaling_reloads: Family<ResultLabels, Counter>,
     /// Read when scraped: tasks, descriptors, memory, the memory store's fill.
     process: ProcessGauges,
@@ -97,6 +104,9 @@ impl Metrics {
             rules_xds_stream_errors: Counter::default(),
             scaling_factor: Family::default(),
             scaling_domains: Mutex::new(HashSet::new()),
+            rule_limit: Family::default(),
+            rule_limit_per_second: Family::default(),
+            rule_limit_series: Mutex::new(HashSet::new()),
             scaling_reloads: Family::default(),
             process: ProcessGauges::default(),
             quota: QuotaMetrics::default(),
@@ -275,6 +285,21 @@ impl Metrics {
             "scaling_factor",
             "The factor a domain's limits run at (runtime scaling: global times domain), 1 when none",
             m.scaling_factor.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rule_limit",
+            "A rule's limit per its unit (a layered rule's per layer), as the scaling factors in \
+             force make it",
+            m.rule_limit.clone(),
+        );
+        register(
+            &mut registry,
+            &mut names,
+            "rule_limit_per_second",
+            "A rule's limit in requests per second (to compare with rate(portcullis_rule_hits_total))",
+            m.rule_limit_per_second.clone(),
         );
         register(
             &mut registry,

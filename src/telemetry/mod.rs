@@ -24,6 +24,7 @@ mod throttle;
 
 pub use labels::{
     CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
+    RuleLimitLabels,
 };
 pub use logs::{LogFormat, OtlpProtocol, Sampling, Telemetry, TracingConfig, init};
 pub use metrics::Metrics;

@@ -79,6 +79,12 @@ impl ServeProcess {
     /// `ratelimit`, no arguments, and only `envs` in its environment (which must hold GRPC_PORT
     /// and DEBUG_PORT); waits until gRPC accepts connections.
     pub fn spawn_as_ratelimit(envs: &[(&str, String)]) -> ServeProcess {
+        Self::spawn_as_ratelimit_with_args(envs, &[])
+    }
+
+    /// `spawn_as_ratelimit` with `args` after the program, as Kubernetes appends a container's
+    /// `args` to the image's entrypoint.
+    pub fn spawn_as_ratelimit_with_args(envs: &[(&str, String)], args: &[&str]) -> ServeProcess {
         let port = |name: &str| -> u16 {
             envs.iter()
                 .find(|(k, _)| *k == name)
@@ -87,6 +93,7 @@ impl ServeProcess {
         };
         let (grpc_port, admin_port) = (port("GRPC_PORT"), port("DEBUG_PORT"));
         let (link_dir, mut cmd) = Self::ratelimit_command(envs);
+        cmd.args(args);
         let log = tempfile::NamedTempFile::new().expect("log file");
         cmd.stderr(log.reopen().expect("log file"));
         let mut process = ServeProcess {

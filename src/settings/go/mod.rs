@@ -42,10 +42,6 @@ const IGNORED: &[(&str, &str)] = &[
         "each check goes to its node at once",
     ),
     (
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "readiness reports Redis' state (see /readyz)",
-    ),
-    (
         "REDIS_POOL_ON_EMPTY_BEHAVIOR",
         "calls never wait for a pooled connection",
     ),
@@ -71,15 +67,13 @@ const IGNORED: &[(&str, &str)] = &[
     ),
     (
         "REDIS_STARTUP_INITIAL_INTERVAL",
-        "Portcullis starts without Redis and connects in the background",
+        "Portcullis serves (not ready) while it connects, with its own back-off (0.1 s doubling \
+         to 5 s)",
     ),
     (
         "REDIS_STARTUP_MAX_INTERVAL",
-        "Portcullis starts without Redis and connects in the background",
-    ),
-    (
-        "REDIS_STARTUP_MAX_ELAPSED_TIME",
-        "Portcullis starts without Redis and connects in the background",
+        "Portcullis serves (not ready) while it connects, with its own back-off (0.1 s doubling \
+         to 5 s)",
     ),
     (
         "USE_DOG_STATSD_MOGRIFIERS",

@@ -168,6 +168,15 @@ pub(super) fn store(r: &mut Reader<'_>, s: &mut Settings) {
         redis_section(r, &PER_SECOND_REDIS, &mut per_second);
         s.redis_per_second = Some(Box::new(per_second));
     }
+    // Not ready until Redis has answered once, in every mode; as Go, a process that has not
+    // reached Redis within REDIS_STARTUP_MAX_ELAPSED_TIME (0: wait for ever) exits.
+    s.ready_requires_first_store_answer = true;
+    let startup = r.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", Duration::ZERO);
+    s.store_startup_limit = (startup > Duration::ZERO).then_some(startup);
+    // Go's health check fails while no Redis connection is active, when asked to.
+    if r.bool("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", false) {
+        s.ready_requires_store = true;
+    }
     s.key_prefix = r.string("CACHE_KEY_PREFIX", "");
     let local_cache = r.number::<usize>("LOCAL_CACHE_SIZE_IN_BYTES", 0);
     s.deny_cache = local_cache > 0;
