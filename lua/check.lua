@@ -25,8 +25,10 @@
 --   its number of keys;
 --   for each of its keys, the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the same
 --       algorithms' refunds; 21, 22, 23 their post-paid charges: hits already consumed, recorded
---       even when they do not fit, the reply still saying whether they did; 4 a blocked
---       descriptor, refused) and five numbers whose meaning is the operation's (see `run`).
+--       even when they do not fit, the reply still saying whether they did; 5, 15, 25 the
+--       sliding window's 1, 11, 21 whose new keys are made as hashes, 0.1.0's layout; 4 a
+--       blocked descriptor, refused) and five numbers whose meaning is the operation's (see
+--       `run`).
 -- Returns one string: '@' and the node's clock in microseconds and '|' when the script read
 -- TIME (so that every reply, even one whose calls all expired, tells Portcullis this node's
 -- clock), then the calls separated by ';', each call's keys by ',', each key's numbers by
@@ -100,13 +102,13 @@ local function flush_all()
   for i = 1, #held_keys do release(held_keys[i]) end
 end
 
-local function state(key, op, now, p)
+local function state(key, op, now, p, prefer_hash)
   local h = held[key]
   if h ~= nil and h.op == op and h.now == now and h.p == p then return h end
   if h ~= nil then flush(key, h) held[key] = nil else held_keys[#held_keys + 1] = key end
   local s
   if op == 1 then
-    s = sliding_open(key, now, p)
+    s = sliding_open(key, now, p, prefer_hash)
   elseif op == 2 then
     s = bucket_open(key, p)
   else
@@ -119,11 +121,11 @@ end
 
 -- An all-or-nothing call looks at its charges on copies of the held states, charging them there
 -- in order: two checks of one call on one key see each other's hits, as they will when charged.
-local function scratch_state(scratch, key, op, now, p)
+local function scratch_state(scratch, key, op, now, p, prefer_hash)
   local c = scratch[key]
   if c ~= nil and c.op == op and c.now == now and c.p == p then return c end
   local copy = {}
-  for name, value in pairs(state(key, op, now, p).s) do copy[name] = value end
+  for name, value in pairs(state(key, op, now, p, prefer_hash).s) do copy[name] = value end
   c = {op = op, now = now, p = p, s = copy}
   scratch[key] = c
   return c
@@ -158,10 +160,13 @@ end
 local function run(k, a, now, commit, call, i, scratch)
   local op = tonumber(ARGV[a])
   local key = keys[k]
+  -- 5, 15, 25: the sliding window's 1, 11, 21 whose new keys are made in the hash layout.
+  local prefer_hash = op == 5 or op == 15 or op == 25
+  if prefer_hash then op = op - 4 end
   if op == 11 or op == 12 or op == 13 then
     release(key)
     local unit, n1, n2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    if op == 11 then return sliding_refund(key, now, unit, n2, commit) end
+    if op == 11 then return sliding_refund(key, now, unit, n2, commit, prefer_hash) end
     if op == 12 then return bucket_refund(key, now, unit, n1, n2, commit) end
     return fixed_refund(key, now, unit, n2, commit)
   end
@@ -175,7 +180,11 @@ local function run(k, a, now, commit, call, i, scratch)
   end
   local unit = tonumber(ARGV[a + 1])
   local h
-  if scratch ~= nil then h = scratch_state(scratch, key, op, now, unit) else h = state(key, op, now, unit) end
+  if scratch ~= nil then
+    h = scratch_state(scratch, key, op, now, unit, prefer_hash)
+  else
+    h = state(key, op, now, unit, prefer_hash)
+  end
   local s = h.s
   -- Whether this check changes the state: it then shares the fate of the state's write.
   local was_dirty = s.dirty
@@ -218,7 +227,7 @@ for call = 1, tonumber(ARGV[1]) do
     local scratch = {}
     for i = 0, count - 1 do
       local op = tonumber(ARGV[a + 6 * i])
-      if op < 10 or op > 20 then
+      if op < 10 or op > 20 then -- not a refund (11-13, 15)
         local ok, looked = pcall(run, k + i, a + 6 * i, now, true, call, i + 1, scratch)
         if not ok then
           -- Undecidable as a whole: nothing of it is charged.

@@ -1,5 +1,10 @@
--- sliding_open(key, now_us, sub_window_us) -> state; sliding_window(state, key, now_us, limit,
--- hits, commit) -> reply; sliding_flush(key, state, now_us, sub_window_us)
+-- sliding_open(key, now_us, sub_window_us, prefer_hash) -> state; sliding_window(state, key,
+-- now_us, limit, hits, commit) -> reply; sliding_flush(key, state, now_us, sub_window_us);
+-- sliding_refund(key, now_us, sub_window_us, hits, commit, prefer_hash)
+--
+-- Two layouts of one state: packed (sliding_packed.lua, a string) and the hash below. A key is
+-- read in the layout it is stored in, whatever the call prefers; a new key is made in the one the
+-- call prefers (packed, unless --redis-sliding-layout hash: replicas of 0.1.0 read only hashes).
 --
 -- The state transition of algorithm::sliding_window, on a hash: one field per live sub-window
 -- (its index since the epoch = the hits admitted in it), and three bookkeeping fields: `t` the
@@ -17,8 +22,6 @@
 -- sub-windows) when they do not, for the retry time; Rust derives remaining/reset/retry with the memory store's code.
 -- TTL: until the newest sub-window holding hits leaves the window, (l + SLOTS) * sub_window_us;
 -- set when `l` moves, so a call within the same sub-window writes no TTL.
-local SUB_WINDOWS = 60
-local SLOTS = SUB_WINDOWS + 1
 
 local function index_name(index)
   return string.format('%.0f', index)
@@ -27,7 +30,7 @@ end
 -- The state at sub-window `current`: total, the sub-window hits go to (newest), its count, the
 -- newest sub-window holding hits (l, 0 when none), and the fields that left the window (to be
 -- deleted by a write; nothing is written here).
-local function sliding_load(key, current)
+local function hash_load(key, current)
   local stored = redis.call('HMGET', key, 't', 'n', 'l', index_name(current))
   local total, n, last = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
   if n == nil then return 0, current, 0, 0, nil end
@@ -51,7 +54,7 @@ local function sliding_load(key, current)
 end
 
 -- The live (index, count) pairs at `newest`, for a refusal's retry time or a refund.
-local function sliding_pairs(key, newest)
+local function hash_pairs(key, newest)
   local raw = redis.call('HGETALL', key)
   local pairs = {}
   for i = 1, #raw, 2 do
@@ -68,11 +71,38 @@ end
 -- The state of `key` at `now`, held by check.lua for every call of the script call at the same
 -- clock reading: what was read, and what the admitted hits changed (only the newest sub-window,
 -- the total and `l`), written once by sliding_flush.
-local function sliding_open(key, now, sub_us)
+local function hash_open(key, current)
+  local total, newest, count, last, leaving = hash_load(key, current)
+  return {layout = 'hash', total = total, newest = newest, count = count, last = last,
+    loaded_last = last, leaving = leaving, dirty = false, stored = nil}
+end
+
+-- Which layout `key` is stored in: its string (packed), or `nil, true` for a hash (WRONGTYPE),
+-- or false when it does not exist.
+local function sliding_stored(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' and raw.err then
+    if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, true end
+    error(raw)
+  end
+  if raw and not packed_valid(raw) then
+    -- A string Portcullis did not write (another program shares the prefix): never decided on.
+    error({err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'})
+  end
+  return raw, false
+end
+
+local function sliding_open(key, now, sub_us, prefer_hash)
   local current = (now - math.fmod(now, sub_us)) / sub_us
-  local total, newest, count, last, leaving = sliding_load(key, current)
-  return {total = total, newest = newest, count = count, last = last, loaded_last = last,
-    leaving = leaving, dirty = false, stored = nil}
+  local raw, is_hash = sliding_stored(key)
+  if is_hash or (raw == false and prefer_hash) then return hash_open(key, current) end
+  return packed_open(raw, current)
+end
+
+-- The live (index, count) pairs of what is stored, at the state's newest sub-window.
+local function sliding_pairs(key, s)
+  if s.layout == 'hash' then return hash_pairs(key, s.newest) end
+  return packed_pairs(s.raw, s.newest)
 end
 
 local function sliding_window(s, key, now, limit, hits, commit, post_paid)
@@ -88,7 +118,7 @@ local function sliding_window(s, key, now, limit, hits, commit, post_paid)
     end
     -- Refused: nothing changes. The live sub-windows as stored (read once per script call), the
     -- newest one as it stands now.
-    if s.stored == nil then s.stored = sliding_pairs(key, s.newest) end
+    if s.stored == nil then s.stored = sliding_pairs(key, s) end
     local out = {reply(0, now, s.total, s.last)}
     for i = 1, #s.stored, 2 do
       if s.stored[i] ~= s.newest then
@@ -109,8 +139,7 @@ end
 
 -- Writes what the admitted hits changed, if any: the fields that left go, the newest sub-window,
 -- the total and the bookkeeping fields are set, and the TTL moves when `l` did.
-local function sliding_flush(key, s, now, sub_us)
-  if not s.dirty then return end
+local function hash_flush(key, s, now, sub_us)
   if s.leaving == true then
     redis.call('DEL', key)
   elseif s.leaving ~= nil and #s.leaving > 0 then
@@ -123,14 +152,20 @@ local function sliding_flush(key, s, now, sub_us)
   end
 end
 
--- sliding_refund(key, now_us, sub_window_us, hits, commit): `hits` taken back from the newest
--- sub-windows first, never below zero (algorithm::sliding_window::refund). Always allowed.
-local function sliding_refund(key, now, sub_us, hits, commit)
-  local current = (now - math.fmod(now, sub_us)) / sub_us
+-- Writes what the admitted hits changed, in the key's layout.
+local function sliding_flush(key, s, now, sub_us)
+  if not s.dirty then return end
+  if s.layout == 'hash' then return hash_flush(key, s, now, sub_us) end
+  return packed_flush(key, s, now, sub_us)
+end
+
+-- A refund: `hits` taken back from the newest sub-windows first, never below zero
+-- (algorithm::sliding_window::refund). Always allowed.
+local function hash_refund(key, now, sub_us, current, hits, commit)
   local n = tonumber(redis.call('HGET', key, 'n'))
   local newest = current
   if n ~= nil and n > current then newest = n end
-  local live = sliding_pairs(key, newest)
+  local live = hash_pairs(key, newest)
   local total = 0
   for i = 2, #live, 2 do total = total + live[i] end
   local last = 0
@@ -164,4 +199,13 @@ local function sliding_refund(key, now, sub_us, hits, commit)
     redis.call('PEXPIREAT', key, expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
   end
   return reply(1, now, kept_total, kept_last)
+end
+
+local function sliding_refund(key, now, sub_us, hits, commit, prefer_hash)
+  local current = (now - math.fmod(now, sub_us)) / sub_us
+  local raw, is_hash = sliding_stored(key)
+  if is_hash or (raw == false and prefer_hash) then
+    return hash_refund(key, now, sub_us, current, hits, commit)
+  end
+  return packed_refund(key, raw, now, sub_us, current, hits, commit)
 end

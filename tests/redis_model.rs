@@ -15,7 +15,7 @@ use common::{TestServer, request};
 use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::clock::ManualClock;
 use portcullis::store::MemoryStore;
-use portcullis::store::redis::{ScriptClock, Topology};
+use portcullis::store::redis::{ScriptClock, SlidingLayout, Topology};
 
 /// 2100-01-01: a fixed script clock in the future, so keys never expire by wall time mid-test.
 const FUTURE_US: u64 = 4_102_444_800_000_000;
@@ -78,7 +78,12 @@ const ALGORITHMS: [Algorithm; 3] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
     let redis = RedisServer::start();
-    let store = connected_store(Topology::Standalone(redis.url()), "model:").await;
+    let packed = connected_store(Topology::Standalone(redis.url()), "model:").await;
+    // A second replica on the same keys whose new sliding-window keys are hashes (the layout of
+    // 0.1.0, for a rolling update): each reads the other's keys as they are stored.
+    let hashed = connected_store(Topology::Standalone(redis.url()), "model:")
+        .await
+        .with_sliding_layout(SlidingLayout::Hash);
     let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
     let mut rng = Rng(0x5EED_1234_ABCD_0001);
     let mut compared = 0;
@@ -155,7 +160,8 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                 checks.push(again);
             }
             let mode = random_mode(&mut rng);
-            let from_redis = decide_in(&store, &checks, ScriptClock::Fixed(now), mode).await;
+            let store = if rng.below(3) == 0 { &hashed } else { &packed };
+            let from_redis = decide_in(store, &checks, ScriptClock::Fixed(now), mode).await;
             let from_memory: Vec<_> = memory
                 .check_all_at(&checks, now, mode)
                 .into_iter()
@@ -651,4 +657,83 @@ async fn calls_on_one_key_in_a_script_call_read_and_write_its_state_once() {
             );
         }
     }
+}
+
+/// A busy sliding-window key (a minute rule with every sub-window live) costs at most 320 bytes
+/// in Redis (`MEMORY USAGE`), a third of the hash layout's; a rolling update from 0.1.0 (hash
+/// keys) decides exactly on either layout, each key read as it is stored.
+#[tokio::test]
+async fn a_busy_sliding_window_key_fits_in_320_bytes_and_both_layouts_share_a_budget() {
+    let redis = RedisServer::start();
+    let minute = Limit {
+        algorithm: Algorithm::SlidingWindow,
+        requests: 1000,
+        window_us: 60_000_000,
+        burst: 1000,
+    };
+    let check = |user: &str| Check {
+        key: key::counter_key("mem", [("user", user)], &minute, None),
+        limit: minute,
+        hits: 1,
+        refund: false,
+        post_paid: false,
+    };
+    let mut usage = Vec::new();
+    for (layout, prefix) in [(SlidingLayout::Packed, "p:"), (SlidingLayout::Hash, "h:")] {
+        let store = connected_store(Topology::Standalone(redis.url()), prefix)
+            .await
+            .with_sliding_layout(layout);
+        let busy = [check("busy")];
+        // One hit in each of the 61 sub-windows (a second each): every one live.
+        for second in 0..61 {
+            let at = FUTURE_US + second * 1_000_000;
+            assert!(decide(&store, &busy, ScriptClock::Fixed(at)).await[0].allowed);
+        }
+        let redis_key = store.redis_key(&busy[0]);
+        let bytes: u64 = cli(redis.port, &["MEMORY", "USAGE", &redis_key])
+            .parse()
+            .unwrap();
+        let kind = cli(redis.port, &["TYPE", &redis_key]);
+        usage.push((layout, kind, bytes));
+    }
+    eprintln!("MEMORY USAGE of a busy minute key: {usage:?}");
+    let (_, kind, packed) = &usage[0];
+    assert_eq!(kind, "string");
+    assert!(*packed <= 320, "a busy packed key: {packed} B");
+    let (_, kind, hashed) = &usage[1];
+    assert_eq!(kind, "hash");
+    assert!(*hashed > 2 * *packed, "{usage:?}");
+
+    // The rolling update: a 0.1.0-layout key (a hash) spent by a hash-preferring replica, then
+    // by a packed one: one budget, and the key stays a hash until it expires.
+    let five = Limit {
+        requests: 5,
+        burst: 5,
+        ..minute
+    };
+    let shared = [Check {
+        key: key::counter_key("mem", [("user", "shared")], &five, None),
+        limit: five,
+        hits: 3,
+        refund: false,
+        post_paid: false,
+    }];
+    let old = connected_store(Topology::Standalone(redis.url()), "r:")
+        .await
+        .with_sliding_layout(SlidingLayout::Hash);
+    let new = connected_store(Topology::Standalone(redis.url()), "r:").await;
+    assert!(decide(&old, &shared, ScriptClock::Fixed(FUTURE_US)).await[0].allowed);
+    let on_new = decide(&new, &shared, ScriptClock::Fixed(FUTURE_US + 1)).await;
+    assert!(!on_new[0].allowed, "3 + 3 of 5: {on_new:?}");
+    assert_eq!(on_new[0].remaining, 2);
+    let two = [Check {
+        hits: 2,
+        ..shared[0].clone()
+    }];
+    assert!(decide(&new, &two, ScriptClock::Fixed(FUTURE_US + 2)).await[0].allowed);
+    assert!(!decide(&old, &two, ScriptClock::Fixed(FUTURE_US + 3)).await[0].allowed);
+    assert_eq!(
+        cli(redis.port, &["TYPE", &new.redis_key(&shared[0])]),
+        "hash"
+    );
 }

@@ -77,7 +77,8 @@ pub(super) fn limiter(
             let config = redis_config(settings)?;
             tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");
             let store = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
-                .map_err(|e| StartError::Settings(e.to_string()))?;
+                .map_err(|e| StartError::Settings(e.to_string()))?
+                .with_sliding_layout(settings.redis_sliding_layout);
             spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
             let cache = Arc::new(ReservedCache::default());
             let fallback = (settings.failure_mode == FailureMode::Local)
@@ -98,6 +99,7 @@ pub(super) fn limiter(
                     let config = redis_config(&per_second)?;
                     tracing::info!(redis = ?config, "per-second limits in their own Redis");
                     let fast = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
+                        .map(|s| s.with_sliding_layout(settings.redis_sliding_layout))
                         .map_err(|e| StartError::Settings(e.to_string()))?;
                     spawn_probe(fast.clone(), settings.redis_connect_timeout * 2);
                     Box::new(SplitStore::new(Box::new(store), Box::new(fast)))

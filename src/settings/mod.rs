@@ -15,6 +15,7 @@ use crate::algorithm::Algorithm;
 use crate::limiter::FailureMode;
 use crate::service::HeadersMode;
 use crate::service::admin::Routes;
+use crate::store::redis::SlidingLayout;
 use crate::telemetry::{LogFormat, OtlpProtocol};
 
 mod cli;
@@ -199,6 +200,18 @@ pub struct Settings {
     /// Connections in the standalone/Sentinel pool (each multiplexed; see BENCHMARKS.md).
     #[arg(long, env = "PORTCULLIS_REDIS_POOL_SIZE", default_value_t = 2)]
     pub redis_pool_size: u32,
+    /// How new sliding-window counters are stored in Redis: `packed` (one string, a third of the
+    /// memory) or `hash` (0.1.0's layout: set it while replicas of 0.1.0 share the Redis, as
+    /// they read only hashes). Either layout is read as it is stored.
+    #[arg(
+        long,
+        env = "PORTCULLIS_REDIS_SLIDING_LAYOUT",
+        default_value = "packed",
+        value_parser = PossibleValuesParser::new(["packed", "hash"]).map(|l| {
+            if l == "hash" { SlidingLayout::Hash } else { SlidingLayout::Packed }
+        })
+    )]
+    pub redis_sliding_layout: SlidingLayout,
     /// Prefix of every Redis key, so deployments can share a Redis.
     #[arg(long, env = "PORTCULLIS_KEY_PREFIX", default_value = "portcullis:")]
     pub key_prefix: String,

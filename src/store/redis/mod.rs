@@ -33,7 +33,7 @@ use tokio::time::Instant;
 pub use clock::RedisClock;
 pub use config::{RedisConfig, SentinelAuth, TCP_USER_TIMEOUT, Topology, redact_url};
 pub use errors::classify;
-pub use script::ScriptClock;
+pub use script::{ScriptClock, SlidingLayout};
 
 use self::connection::Backend;
 use self::send::{Route, eval};
@@ -50,6 +50,8 @@ pub struct RedisStore {
     /// Cluster: per-slot batching (`cluster_batch`).
     node_batcher: Option<cluster_batch::NodeBatcher>,
     prefix: String,
+    /// How new sliding-window keys are stored.
+    sliding_layout: script::SlidingLayout,
 }
 
 impl RedisStore {
@@ -80,7 +82,14 @@ impl RedisStore {
             batcher,
             node_batcher,
             prefix: key_prefix.to_owned(),
+            sliding_layout: script::SlidingLayout::default(),
         })
+    }
+
+    /// New sliding-window keys made in `layout` (every key is read as it is stored).
+    pub fn with_sliding_layout(mut self, layout: script::SlidingLayout) -> Self {
+        self.sliding_layout = layout;
+        self
     }
 
     /// Whether Cluster calls are batched per node (the node map is read and every node runs
@@ -222,6 +231,9 @@ impl RedisStore {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
         let mut args: Vec<i64> = Vec::with_capacity(4 + checks.len() * script::ARGS_PER_KEY);
         script::push_call(checks, clock, 0, mode, &mut args);
+        if self.sliding_layout == script::SlidingLayout::Hash {
+            script::prefer_hash_layout(&mut args);
+        }
         (keys, args)
     }
 

@@ -18,6 +18,7 @@ use crate::store::StoreError;
 
 pub const SOURCE: &str = concat!(
     include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/sliding_packed.lua"),
     include_str!("../../../lua/sliding_window.lua"),
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/fixed_window.lua"),
@@ -38,6 +39,31 @@ pub const POST_PAID_OP: i64 = 20;
 /// The operation of a check whose limit is zero (a blocked descriptor, sent only in an
 /// all-or-nothing call): always refused, its key never read or written.
 pub const BLOCKED_OP: i64 = 4;
+
+/// How the sliding window's counters are stored in Redis. Either is read as it is stored; this
+/// says how a new key is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SlidingLayout {
+    /// One string of packed counts (`lua/sliding_packed.lua`): a third of the hash's memory.
+    #[default]
+    Packed,
+    /// A hash of one field per sub-window: what Portcullis 0.1.0 reads and writes, for a rolling
+    /// update from it (its replicas cannot read a packed key).
+    Hash,
+}
+
+/// Turns one call's sliding-window operations (1, 11, 21) into their hash-layout forms (5, 15,
+/// 25) in `args` (one call as `push_call` wrote it): new keys of the call are made as hashes.
+pub fn prefer_hash_layout(args: &mut [i64]) {
+    let count = args.get(3).map_or(0, |&c| usize::try_from(c).unwrap_or(0));
+    for i in 0..count {
+        if let Some(op) = args.get_mut(4 + i * ARGS_PER_KEY)
+            && matches!(*op, 1 | 11 | 21)
+        {
+            *op += 4;
+        }
+    }
+}
 
 /// The script's number for a call's charge mode (ARGV[2]).
 pub fn mode_arg(mode: ChargeMode) -> i64 {

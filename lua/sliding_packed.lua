@@ -1,0 +1,198 @@
+-- The sliding window's packed layout: one string per key, a third of the hash layout's memory
+-- (a busy minute key: about 136 bytes of value instead of a 64-field hash). Used by
+-- sliding_window.lua's functions for a key that holds a string, or that does not exist yet when
+-- the call prefers it (every call, unless --redis-sliding-layout hash).
+--
+-- Layout (big-endian integers):
+--   byte 1        the width of a sub-window's count, 2 or 4 bytes (4 once a count passes 65535)
+--   bytes 2-7     n: the newest sub-window index the state has moved to
+--   bytes 8-13    t: the running total of the live sub-windows
+--   byte 14       n - l (l: the newest sub-window holding hits), 255 when there is none
+--   then SLOTS counts, the count of sub-window i at slot i mod SLOTS; only the sub-windows
+--   n - SUB_WINDOWS .. n are live, the other slots are stale until overwritten.
+-- It decides exactly as the hash layout does (the same state, encoded): moving to a newer
+-- sub-window subtracts the slots it takes over, reading only those.
+local SUB_WINDOWS = 60
+local SLOTS = SUB_WINDOWS + 1
+local PACKED_HEAD = 14
+local NO_LAST = 255
+
+local function be_read(raw, pos, len)
+  local v = 0
+  for i = pos, pos + len - 1 do v = v * 256 + string.byte(raw, i) end
+  return v
+end
+
+local function be_bytes(v, len)
+  local out = {}
+  for i = len, 1, -1 do
+    local b = v % 256
+    out[i] = b
+    v = (v - b) / 256
+  end
+  return string.char(unpack(out))
+end
+
+local function packed_slot_pos(index, width)
+  return PACKED_HEAD + 1 + (index % SLOTS) * width
+end
+
+local function packed_count(raw, width, index)
+  return be_read(raw, packed_slot_pos(index, width), width)
+end
+
+-- The header of a packed value.
+local function packed_header(width, n, total, last)
+  local d = NO_LAST
+  if last > 0 and total > 0 then d = n - last end
+  return string.char(width) .. be_bytes(n, 6) .. be_bytes(total, 6) .. string.char(d)
+end
+
+-- Whether a stored string is a packed counter: its width and its length agree.
+local function packed_valid(raw)
+  local width = string.byte(raw, 1)
+  return (width == 2 or width == 4) and #raw == PACKED_HEAD + SLOTS * width
+end
+
+-- What a stored value says: width, n, total, l.
+local function packed_read_header(raw)
+  local width, n, total = string.byte(raw, 1), be_read(raw, 2, 6), be_read(raw, 8, 6)
+  local d = string.byte(raw, PACKED_HEAD)
+  local last = 0
+  if d ~= NO_LAST then last = n - d end
+  return width, n, total, last
+end
+
+-- The state at sub-window `current` of a stored value (`raw`, false when the key is new).
+local function packed_open(raw, current)
+  local s = {layout = 'packed', raw = raw, width = 2, total = 0, newest = current, count = 0,
+    last = 0, loaded_last = 0, cleared = nil, dirty = false, stored = nil, stored_n = nil}
+  if not raw then return s end
+  local width, n, total, last = packed_read_header(raw)
+  s.width, s.stored_n, s.loaded_last = width, n, last
+  if current <= n then
+    -- The same sub-window, or the clock stepped back: hits count into n.
+    s.total, s.newest, s.count, s.last = total, n, packed_count(raw, width, n), last
+  elseif current - n >= SLOTS then
+    -- Every sub-window has left.
+    s.total, s.newest, s.count, s.last, s.cleared = 0, current, 0, 0, true
+  else
+    -- Sub-windows n + 1 .. current take over the slots of those that leave.
+    for index = n + 1, current do total = total - packed_count(raw, width, index) end
+    if total <= 0 then last = 0 end
+    s.total, s.newest, s.count, s.last = total, current, 0, last
+    s.cleared = {n + 1, current}
+  end
+  return s
+end
+
+-- The live (index, count) pairs of the stored value at `newest` (a refusal's retry time, a
+-- refund).
+local function packed_pairs(raw, newest)
+  local out = {}
+  if not raw then return out end
+  local width, n = packed_read_header(raw)
+  local from = math.max(n - SUB_WINDOWS, newest - SUB_WINDOWS, 0)
+  for index = from, n do
+    local count = packed_count(raw, width, index)
+    if count > 0 then
+      out[#out + 1] = index
+      out[#out + 1] = count
+    end
+  end
+  return out
+end
+
+-- A whole value from (index, count) pairs, every other slot zero.
+local function packed_build(width, n, total, last, pairs)
+  local counts = {}
+  for i = 0, SLOTS - 1 do counts[i] = 0 end
+  for i = 1, #pairs, 2 do
+    local index, count = pairs[i], pairs[i + 1]
+    if count > 65535 then width = 4 end
+    counts[index % SLOTS] = count
+  end
+  local parts = {packed_header(width, n, total, last)}
+  for i = 0, SLOTS - 1 do parts[#parts + 1] = be_bytes(counts[i], width) end
+  return table.concat(parts)
+end
+
+-- Writes what the admitted hits changed: the slots taken over are zeroed, the newest one set,
+-- the header rewritten; the TTL moves when `l` did (SET would drop it otherwise: KEEPTTL).
+local function packed_flush(key, s, now, sub_us)
+  local raw
+  local small = s.count <= 65535 and s.width == 2
+  if s.raw and s.cleared ~= true and small and (s.cleared == nil or s.cleared[1] == s.cleared[2]) then
+    -- The usual case: one slot changes (the newest, taken over or not) and the header.
+    local pos = packed_slot_pos(s.newest, 2)
+    raw = packed_header(2, s.newest, s.total, s.last) ..
+      string.sub(s.raw, PACKED_HEAD + 1, pos - 1) .. be_bytes(s.count, 2) ..
+      string.sub(s.raw, pos + 2)
+  else
+    -- Rebuilt from the live sub-windows (several taken over, a wider count, a new key).
+    local live = {}
+    if s.raw and s.cleared ~= true then
+      local stored = packed_pairs(s.raw, s.newest)
+      for i = 1, #stored, 2 do
+        if stored[i] ~= s.newest then
+          live[#live + 1] = stored[i]
+          live[#live + 1] = stored[i + 1]
+        end
+      end
+    end
+    live[#live + 1] = s.newest
+    live[#live + 1] = s.count
+    local width = s.width
+    if s.count > 65535 then width = 4 end
+    raw = packed_build(width, s.newest, s.total, s.last, live)
+  end
+  if s.raw and s.loaded_last == s.newest then
+    redis.call('SET', key, raw, 'KEEPTTL')
+  else
+    redis.call('SET', key, raw)
+    redis.call('PEXPIREAT', key, expire_at_ms(now, (s.newest + SLOTS) * sub_us - now))
+  end
+end
+
+-- A refund on a packed value (`raw`, false when none): `hits` taken back from the newest
+-- sub-windows first, never below zero.
+local function packed_refund(key, raw, now, sub_us, current, hits, commit)
+  local newest = current
+  if raw then
+    local _, n = packed_read_header(raw)
+    if n > current then newest = n end
+  end
+  local live = packed_pairs(raw, newest)
+  local total, last = 0, 0
+  for i = 1, #live, 2 do
+    total = total + live[i + 1]
+    if live[i] > last then last = live[i] end
+  end
+  if not commit then return reply(1, now, total, last) end
+  -- Pairs are oldest first: take from the end.
+  local left = hits
+  for i = #live - 1, 1, -2 do
+    if left <= 0 then break end
+    local taken = math.min(left, live[i + 1])
+    live[i + 1] = live[i + 1] - taken
+    left = left - taken
+  end
+  local kept, kept_total, kept_last = {}, 0, 0
+  for i = 1, #live, 2 do
+    if live[i + 1] > 0 then
+      kept[#kept + 1] = live[i]
+      kept[#kept + 1] = live[i + 1]
+      kept_total = kept_total + live[i + 1]
+      if live[i] > kept_last then kept_last = live[i] end
+    end
+  end
+  if kept_total > 0 then
+    local width = 2
+    if raw then width = string.byte(raw, 1) end
+    redis.call('SET', key, packed_build(width, newest, kept_total, kept_last, kept))
+    redis.call('PEXPIREAT', key, expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
+  elseif raw then
+    redis.call('DEL', key)
+  end
+  return reply(1, now, kept_total, kept_last)
+end
