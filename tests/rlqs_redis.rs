@@ -320,3 +320,32 @@ async fn with_redis_down_the_failure_mode_assigns() {
         server.stop().await;
     }
 }
+
+/// A report waits for the quota store by --rlqs-store-timeout (1 s), not by RLS' --store-timeout
+/// (15 ms): under a Redis answering in 20 ms, a report of 500 buckets is answered from the store
+/// (token buckets), never by the failure mode (ALLOW_ALL for every bucket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_report_under_a_slow_redis_is_answered_from_the_store() {
+    let redis = RedisServer::start();
+    let proxy = common::proxy::Proxy::start(redis.port).await;
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let server = replica(|s| {
+        s.store = portcullis::settings::StoreKind::Redis;
+        s.redis_url = Some(url);
+        s.store_timeout = Duration::from_millis(15);
+    })
+    .await;
+    let mut gateway = Gateway::open(&server).await;
+    // Warm: the connection is made and the script loaded before Redis slows down.
+    let warm: &[(&str, &str)] = &[("tenant", "warm")];
+    gateway.report("edge", &[(warm, 1, 0)]).await.unwrap();
+    proxy.delay_answers(Duration::from_millis(20));
+    let names: Vec<String> = (0..500).map(|i| format!("t{i}")).collect();
+    let ids: Vec<Vec<(&str, &str)>> = names.iter().map(|n| vec![("tenant", n.as_str())]).collect();
+    let usages: Vec<common::rlqs::Usage<'_>> = ids.iter().map(|id| (&id[..], 5, 0)).collect();
+    let actions = gateway.report("edge", &usages).await.unwrap();
+    assert_eq!(actions.len(), 500);
+    for action in &actions {
+        assert_eq!(assigned(action), "tokens 10/1s max 10 ttl 3s");
+    }
+}

@@ -217,6 +217,6 @@ pub(super) fn quota_config(settings: &Settings) -> QuotaConfig {
         max_entries: settings.max_entries,
         max_string_bytes: settings.max_string_bytes,
         failure_mode: settings.failure_mode,
-        store_timeout: settings.store_timeout,
+        store_timeout: settings.rlqs.rlqs_store_timeout,
     }
 }

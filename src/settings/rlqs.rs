@@ -20,6 +20,11 @@ pub struct RlqsSettings {
     /// reporting_interval says.
     #[arg(long, env = "PORTCULLIS_RLQS_REPORTING_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub rlqs_reporting_interval: Duration,
+    /// Longest wait for the quota store in one report (Redis: the report's script calls). Apart
+    /// from --store-timeout, which bounds an RLS call: a report of many buckets waits on nobody,
+    /// and answering it by the failure mode would hand every bucket ALLOW_ALL.
+    #[arg(long, env = "PORTCULLIS_RLQS_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub rlqs_store_timeout: Duration,
     /// RLQS streams open at once (one per gateway and worker set); more are refused.
     #[arg(long, env = "PORTCULLIS_RLQS_MAX_STREAMS", default_value_t = 1024)]
     pub rlqs_max_streams: usize,

@@ -154,6 +154,12 @@ impl Settings {
             Duration::from_secs(3600),
         );
         duration(
+            "--rlqs-store-timeout",
+            self.rlqs.rlqs_store_timeout,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        );
+        duration(
             "--rlqs-reporting-interval",
             self.rlqs.rlqs_reporting_interval,
             Duration::from_secs(1),
