@@ -11,6 +11,7 @@ mod readiness;
 pub mod reload;
 mod reserved;
 mod rules_source;
+mod running;
 pub mod scaling;
 pub mod statsd;
 mod store;
@@ -19,16 +20,16 @@ mod waiting;
 pub mod watch;
 pub mod xds;
 
+pub use running::Running;
+use running::spawn_startup_limit;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
-use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
 
 use crate::clock::Clock;
 use crate::pb::RateLimitServiceServer;
@@ -77,60 +78,6 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-}
-
-/// A running server; dropping it does not stop it, `drain` or `shutdown` does.
-pub struct Running {
-    pub grpc_addr: SocketAddr,
-    pub admin_addr: SocketAddr,
-    /// The more HTTP listeners' addresses, in the order of `Settings::http_listeners`, then the
-    /// Go-named metrics listener.
-    pub http_addrs: Vec<SocketAddr>,
-    pub metrics: Arc<Metrics>,
-    health: HealthReporter,
-    /// The names `health` reports readiness under.
-    health_names: Vec<&'static str>,
-    draining: Arc<AtomicBool>,
-    stop: tokio::sync::watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-    /// Why the process must stop, once it must (the store unanswered past
-    /// `Settings::store_startup_limit`).
-    fatal: tokio::sync::watch::Receiver<Option<String>>,
-}
-
-impl Running {
-    /// Waits until the server cannot go on (never, unless a start-up limit is set and passes);
-    /// says why. The caller stops the process (`main` exits non-zero).
-    pub async fn fatal(&mut self) -> String {
-        match self.fatal.wait_for(Option::is_some).await {
-            Ok(reason) => reason.clone().unwrap_or_default(),
-            // The sender lives as long as its task: gone means stopping already.
-            Err(_) => std::future::pending().await,
-        }
-    }
-
-    /// Graceful stop: report NOT_SERVING (gRPC health and `/readyz`) so that load balancers and
-    /// Envoy move away, keep answering for `period`, then stop accepting, let in-flight calls
-    /// finish, and return.
-    pub async fn drain(self, period: Duration) {
-        tracing::info!(?period, "draining: health reports NOT_SERVING");
-        self.draining.store(true, Ordering::Relaxed);
-        for name in &self.health_names {
-            self.health
-                .set_service_status(*name, ServingStatus::NotServing)
-                .await;
-        }
-        tokio::time::sleep(period).await;
-        self.shutdown().await;
-    }
-
-    /// Stops accepting, lets in-flight calls finish, and waits for every task to end.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
-    }
 }
 
 /// Loads the rules, binds the listeners and serves until `drain` or `shutdown`.
@@ -384,32 +331,6 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         stop,
         tasks,
         fatal,
-    })
-}
-
-/// Go's REDIS_STARTUP_MAX_ELAPSED_TIME: when the store has not answered once within `limit`,
-/// tell `fatal` (the process then exits, as the Go service does, and Kubernetes restarts it).
-fn spawn_startup_limit(
-    limit: Duration,
-    answered: Arc<AtomicBool>,
-    fatal: tokio::sync::watch::Sender<Option<String>>,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        tokio::select! {
-            () = tokio::time::sleep(limit) => {}
-            _ = stopped.wait_for(|s| *s) => return,
-        }
-        if !answered.load(Ordering::Relaxed) {
-            let reason = format!(
-                "the store did not answer within REDIS_STARTUP_MAX_ELAPSED_TIME ({limit:?}) of the \
-                 start"
-            );
-            tracing::error!("{reason}: stopping");
-            let _ = fatal.send(Some(reason));
-        }
-        // Held until the stop, so that `Running::fatal` keeps waiting rather than ending.
-        let _ = stopped.wait_for(|s| *s).await;
     })
 }
 

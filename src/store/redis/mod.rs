@@ -16,10 +16,12 @@ pub mod batch;
 mod clock;
 mod cluster;
 pub mod cluster_batch;
+mod cluster_map;
 pub mod config;
 pub mod connection;
 mod errors;
 mod factors;
+mod probe;
 mod quota;
 pub mod script;
 mod send;
@@ -27,7 +29,7 @@ mod send;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{RedisError, Value};
+use redis::Value;
 use tokio::time::Instant;
 
 pub use clock::RedisClock;
@@ -36,6 +38,7 @@ pub use errors::classify;
 pub use script::{ScriptClock, SlidingLayout};
 
 use self::connection::Backend;
+use self::probe::probe_node;
 use self::send::{Route, eval};
 use super::{Answers, FactorsFuture, PingFuture, Store, StoreError, StoreFuture};
 use crate::algorithm::{ChargeMode, Check, zero_limit_decision};
@@ -290,68 +293,6 @@ impl RedisStore {
         };
         info
     }
-}
-
-/// `INFO server` and `SCRIPT LOAD` on one node: its version, and whether scripts may run.
-async fn probe_node<C: redis::aio::ConnectionLike>(
-    conn: &mut C,
-    deadline: Instant,
-    timeout: Duration,
-) -> Result<String, StoreError> {
-    let work = async {
-        // Cluster clients ask every node and answer a map of node to text: any one will do.
-        let info = match redis::cmd("INFO").arg("server").query_async(conn).await? {
-            Value::Map(nodes) => nodes.into_iter().next().map_or(Value::Nil, |(_, v)| v),
-            one => one,
-        };
-        let info: String = redis::from_redis_value(info)?;
-        let version = info
-            .lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))
-            .unwrap_or("unknown")
-            .trim()
-            .to_owned();
-        // Every counter has a TTL, so every `volatile-*` policy may evict live counters too.
-        let memory = match redis::cmd("INFO").arg("memory").query_async(conn).await? {
-            Value::Map(nodes) => nodes.into_iter().next().map_or(Value::Nil, |(_, v)| v),
-            one => one,
-        };
-        let memory: String = redis::from_redis_value(memory)?;
-        if let Some(policy) = memory
-            .lines()
-            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
-            .map(str::trim)
-            .filter(|p| *p != "noeviction")
-        {
-            tracing::warn!(
-                maxmemory_policy = policy,
-                "this Redis may evict keys when full: an evicted counter hands its budget back \
-                 (over-admission); set maxmemory-policy noeviction (docs/redis.md)"
-            );
-        }
-        redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script::SOURCE)
-            .query_async::<String>(conn)
-            .await?;
-        Ok::<_, RedisError>(version)
-    };
-    let version = match tokio::time::timeout_at(deadline, work).await {
-        Ok(Ok(version)) => version,
-        Ok(Err(e)) => return Err(classify(&e)),
-        Err(_) => return Err(StoreError::Timeout(timeout)),
-    };
-    let major: u32 = version
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(0);
-    if major < 6 {
-        return Err(StoreError::Permanent(format!(
-            "Redis {version} is too old: Portcullis needs 6.0 or later"
-        )));
-    }
-    Ok(format!("Redis {version}, decision script loaded"))
 }
 
 impl Store for RedisStore {
