@@ -135,11 +135,10 @@ impl Limiter {
         }
         let now = Instant::now();
         // Refunds and post-paid charges must reach the counter whatever it answers.
-        let must_count = |c: &Check| c.refund || (c.post_paid && c.hits > 0);
         let cached: Vec<Option<Decision>> = checks
             .iter()
             .map(|c| {
-                if must_count(c) {
+                if c.is_consumption() {
                     None
                 } else {
                     cache.lookup(c, now)

@@ -7,7 +7,7 @@ use super::Settings;
 use crate::algorithm::ChargeMode;
 use crate::rules::LoadOptions;
 use crate::service::{HeaderNames, ServiceConfig};
-use crate::telemetry::{Sampling, TracingConfig};
+use crate::telemetry::TracingConfig;
 
 impl Settings {
     /// How rule files become one set of rules.
@@ -20,51 +20,7 @@ impl Settings {
 
     /// Where traces go (Go mode adds its namespace and instance from TRACING_*).
     pub fn tracing(&self) -> TracingConfig {
-        TracingConfig {
-            endpoint: self.otlp_endpoint.clone().filter(|e| !e.is_empty()),
-            protocol: self.otlp_protocol,
-            service_name: self.otel_service_name.clone(),
-            service_namespace: self.otel_service_namespace.clone(),
-            service_instance_id: self.otel_service_instance_id.clone(),
-            sampling: self.sampling(),
-        }
-    }
-
-    /// Which traces are kept: `OTEL_TRACES_SAMPLER` (and its argument) as the OpenTelemetry SDKs
-    /// read it, else parent-based with `--traces-sampling-ratio` of the rest (all by default).
-    /// Combinations that cannot take effect are refused by `validate`.
-    pub fn sampling(&self) -> Sampling {
-        let ratio = self.traces_sampler_arg.unwrap_or(1.0);
-        match self.traces_sampler.as_deref() {
-            Some("always_on") => Sampling {
-                parent_based: false,
-                ratio: 1.0,
-            },
-            Some("always_off") => Sampling {
-                parent_based: false,
-                ratio: 0.0,
-            },
-            Some("traceidratio") => Sampling {
-                parent_based: false,
-                ratio,
-            },
-            Some("parentbased_always_on") => Sampling {
-                parent_based: true,
-                ratio: 1.0,
-            },
-            Some("parentbased_always_off") => Sampling {
-                parent_based: true,
-                ratio: 0.0,
-            },
-            Some("parentbased_traceidratio") => Sampling {
-                parent_based: true,
-                ratio,
-            },
-            _ => Sampling {
-                parent_based: true,
-                ratio: self.traces_sampling_ratio.unwrap_or(1.0),
-            },
-        }
+        self.traces.config()
     }
 
     /// What the service is told at start (headers, shadow and quota modes, how calls are

@@ -16,7 +16,7 @@ use crate::limiter::FailureMode;
 use crate::service::HeadersMode;
 use crate::service::admin::Routes;
 use crate::store::redis::SlidingLayout;
-use crate::telemetry::{LogFormat, OtlpProtocol};
+use crate::telemetry::LogFormat;
 
 mod cli;
 mod decisions;
@@ -25,6 +25,7 @@ mod derived;
 pub mod go;
 mod rlqs;
 mod sources;
+mod tracing;
 mod validate;
 mod values;
 mod xds;
@@ -34,20 +35,11 @@ pub use cli::{Cli, Command};
 pub use decisions::Decisions;
 pub use rlqs::RlqsSettings;
 pub use sources::Sources;
+pub use tracing::{TRACES_SAMPLERS, TracingSettings};
 pub use validate::SettingsError;
 use values::{AlgorithmArg, FailureModeArg, HeadersArg, LogFormatArg};
 pub use values::{Secret, StoreKind, parse_duration, parse_tag};
 pub use xds::XdsSettings;
-
-/// The `OTEL_TRACES_SAMPLER` values Portcullis applies (the others need what it does not ship).
-pub const TRACES_SAMPLERS: [&str; 6] = [
-    "always_on",
-    "always_off",
-    "traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "parentbased_traceidratio",
-];
 
 /// One more HTTP listener and what it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -347,38 +339,9 @@ pub struct Settings {
     /// How often the rules directory is checked for changes.
     #[arg(long, env = "PORTCULLIS_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub reload_interval: Duration,
-    /// OTLP collector for traces, e.g. http://otel-collector:4317; the standard variable.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
-    /// OTLP transport: `grpc` (port 4317) or `http/protobuf` (port 4318); the standard variable.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_PROTOCOL",
-        default_value = "grpc",
-        value_parser = PossibleValuesParser::new(["grpc", "http/protobuf"]).map(|p| {
-            if p == "grpc" { OtlpProtocol::Grpc } else { OtlpProtocol::HttpProtobuf }
-        })
-    )]
-    pub otlp_protocol: OtlpProtocol,
-    /// The service name traces carry; the standard variable.
-    #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "portcullis")]
-    pub otel_service_name: String,
-    /// Share of the traces started here that are kept (1 = all); Envoy's sampling decision is
-    /// followed when it sends one.
-    #[arg(long, env = "PORTCULLIS_TRACES_SAMPLING_RATIO")]
-    pub traces_sampling_ratio: Option<f64>,
-    /// The OpenTelemetry sampler, as the SDKs read the standard variable: `always_on`,
-    /// `always_off`, `traceidratio`, `parentbased_always_on`, `parentbased_always_off`,
-    /// `parentbased_traceidratio` (default: parent-based, with --traces-sampling-ratio).
-    #[arg(
-        long,
-        env = "OTEL_TRACES_SAMPLER",
-        value_parser = PossibleValuesParser::new(TRACES_SAMPLERS)
-    )]
-    pub traces_sampler: Option<String>,
-    /// The share a `*traceidratio` sampler keeps, 0 to 1 (default 1); the standard variable.
-    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG")]
-    pub traces_sampler_arg: Option<f64>,
+    /// Traces: where they go and which are kept (the standard `OTEL_*` variables).
+    #[command(flatten)]
+    pub traces: TracingSettings,
     /// Send counters to a statsd server (`host:port`, UDP) under envoyproxy/ratelimit's stat
     /// names, for dashboards built on its statsd output.
     #[arg(long, env = "PORTCULLIS_STATSD_ADDR")]
@@ -427,12 +390,6 @@ pub struct Settings {
     /// waiting for them.
     #[arg(long, env = "PORTCULLIS_FORCE_START_WITHOUT_INITIAL_RULES")]
     pub force_start_without_initial_rules: bool,
-    /// Go mode: TRACING_SERVICE_NAMESPACE.
-    #[arg(skip)]
-    pub otel_service_namespace: Option<String>,
-    /// Go mode: TRACING_SERVICE_INSTANCE_ID.
-    #[arg(skip)]
-    pub otel_service_instance_id: Option<String>,
     /// More HTTP listeners, each with its own routes (set by Go mode: Go's PORT and DEBUG_PORT).
     #[arg(skip)]
     pub http_listeners: Vec<HttpListener>,

@@ -48,31 +48,7 @@ impl Settings {
                 ));
             }
         }
-        if let Some(sampler) = &self.traces_sampler
-            && self.traces_sampling_ratio.is_some()
-        {
-            problems.push(format!(
-                "--traces-sampler {sampler} and --traces-sampling-ratio both set: one of them \
-                 would be ignored; keep one"
-            ));
-        }
-        if let Some(arg) = self.traces_sampler_arg {
-            let ratio_sampler = self
-                .traces_sampler
-                .as_deref()
-                .is_some_and(|s| s.ends_with("traceidratio"));
-            if !ratio_sampler {
-                problems.push(format!(
-                    "--traces-sampler-arg {arg} set, but only a traceidratio sampler reads it \
-                     (--traces-sampler is {})",
-                    self.traces_sampler.as_deref().unwrap_or("unset")
-                ));
-            } else if !(0.0..=1.0).contains(&arg) {
-                problems.push(format!(
-                    "--traces-sampler-arg {arg} must be a number from 0 to 1"
-                ));
-            }
-        }
+        problems.extend(self.traces.problems());
         problems
     }
 
@@ -192,13 +168,6 @@ impl Settings {
             problems.push(format!(
                 "--rules-xds-backoff-random-factor {} must be a number from 0 to 1",
                 self.xds.rules_xds_backoff_random_factor
-            ));
-        }
-        if let Some(ratio) = self.traces_sampling_ratio
-            && !(0.0..=1.0).contains(&ratio)
-        {
-            problems.push(format!(
-                "--traces-sampling-ratio {ratio} must be a number from 0 to 1"
             ));
         }
         if self.xds.rules_xds_max_message_bytes < 1024 {

@@ -180,11 +180,21 @@ impl MemoryStore {
         for shard in held.iter_mut() {
             self.retain_live(shard, now_us);
         }
+        // A shard the call holds answers WouldBlock and is skipped: it was swept above.
+        self.sweep_free_shards(now_us, fits);
+        if fits() {
+            return Ok(());
+        }
+        Err(self.full())
+    }
+
+    /// Drops the expired counters of every shard free at this moment until `enough` holds
+    /// (try_lock never waits, so no lock order is at stake; a busy shard waits for the sweep).
+    fn sweep_free_shards(&self, now_us: u64, enough: impl Fn() -> bool) {
         for other in self.shards.iter() {
-            if fits() {
-                return Ok(());
+            if enough() {
+                return;
             }
-            // A shard the call holds answers WouldBlock and is skipped: it was swept above.
             let mut guard = match other.try_lock() {
                 Ok(guard) => guard,
                 Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
@@ -192,10 +202,6 @@ impl MemoryStore {
             };
             self.retain_live(&mut guard, now_us);
         }
-        if fits() {
-            return Ok(());
-        }
-        Err(self.full())
     }
 
     fn full(&self) -> StoreError {
@@ -221,17 +227,7 @@ impl MemoryStore {
         // Expired counters go: this shard's, then those of every shard free at this moment
         // (try_lock never waits, so no lock order is at stake; a busy shard waits for the sweep).
         self.retain_live(shard, now_us);
-        for other in self.shards.iter() {
-            if has_room() {
-                break;
-            }
-            let mut guard = match other.try_lock() {
-                Ok(guard) => guard,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => continue,
-            };
-            self.retain_live(&mut guard, now_us);
-        }
+        self.sweep_free_shards(now_us, has_room);
         if has_room() {
             return Ok(());
         }

@@ -238,18 +238,18 @@ pub(super) fn tracing(r: &mut Reader<'_>, s: &mut Settings) {
             OtlpProtocol::Grpc => "http://localhost:4317",
             OtlpProtocol::HttpProtobuf => "http://localhost:4318",
         };
-        s.otlp_endpoint = Some(
+        s.traces.otlp_endpoint = Some(
             r.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 .or_else(|| r.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
                 .unwrap_or_else(|| default_endpoint.to_owned()),
         );
-        s.otlp_protocol = protocol;
-        s.otel_service_name = r.string("TRACING_SERVICE_NAME", "RateLimit");
-        s.otel_service_namespace = r.get("TRACING_SERVICE_NAMESPACE");
-        s.otel_service_instance_id = r.get("TRACING_SERVICE_INSTANCE_ID");
-        s.traces_sampling_ratio = Some(r.number("TRACING_SAMPLING_RATE", 1.0));
+        s.traces.otlp_protocol = protocol;
+        s.traces.otel_service_name = r.string("TRACING_SERVICE_NAME", "RateLimit");
+        s.traces.otel_service_namespace = r.get("TRACING_SERVICE_NAMESPACE");
+        s.traces.otel_service_instance_id = r.get("TRACING_SERVICE_INSTANCE_ID");
+        s.traces.traces_sampling_ratio = Some(r.number("TRACING_SAMPLING_RATE", 1.0));
     } else {
-        s.otlp_endpoint = None;
+        s.traces.otlp_endpoint = None;
     }
 }
 

@@ -224,6 +224,29 @@ pub(super) fn fail_all(jobs: Vec<(usize, Job)>, error: StoreError, metrics: &Met
     }
 }
 
+/// Drops the jobs that are no longer to be sent (`Job::wanted` false): a waited call's caller has
+/// answered already (the timeout is theirs to report); a late call past its window is counted
+/// and logged as lost.
+pub(super) fn give_up(jobs: Vec<Job>, metrics: &Metrics) {
+    for job in jobs {
+        let error = StoreError::Timeout(LATE_CHARGE_WINDOW);
+        deliver(job, Err(error), metrics);
+    }
+}
+
+/// Keeps the jobs still to be sent at `now`, giving up the others.
+pub(super) fn still_wanted<T>(
+    jobs: Vec<T>,
+    job: impl Fn(&T) -> &Job,
+    into_job: impl Fn(T) -> Job,
+    now: Instant,
+    metrics: &Metrics,
+) -> Vec<T> {
+    let (live, gone): (Vec<T>, Vec<T>) = jobs.into_iter().partition(|j| job(j).wanted(now));
+    give_up(gone.into_iter().map(into_job).collect(), metrics);
+    live
+}
+
 /// One failure log a second for late charges that could not be recorded.
 static LATE_LOST_LOG: std::sync::LazyLock<LogThrottle> =
     std::sync::LazyLock::new(LogThrottle::default);
@@ -321,9 +344,7 @@ async fn dispatch(node: Arc<Node>, mut queue: mpsc::Receiver<Job>, free: Arc<Sem
             }
         }
         let now = Instant::now();
-        let (live, expired): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| j.wanted(now));
-        // Their callers have answered already (the timeout is theirs to report).
-        drop(expired);
+        let live = still_wanted(jobs, |j| j, |j| j, now, &node.metrics);
         if live.is_empty() {
             continue;
         }
@@ -351,7 +372,7 @@ async fn send(node: &Node, jobs: Vec<Job>) {
     };
     // Waiting for a connection took time: a call whose caller has gone is not sent.
     let now = Instant::now();
-    let jobs: Vec<Job> = jobs.into_iter().filter(|j| j.wanted(now)).collect();
+    let jobs = still_wanted(jobs, |j| j, |j| j, now, &node.metrics);
     if jobs.is_empty() {
         return;
     }

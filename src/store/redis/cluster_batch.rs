@@ -24,7 +24,8 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use super::batch::{
-    Delivery, Job, MAX_CALLS, MAX_KEYS, Merged, answer, by_delivery, fail_all, merge, submit,
+    Delivery, Job, MAX_CALLS, MAX_KEYS, Merged, answer, by_delivery, fail_all, give_up, merge,
+    still_wanted, submit,
 };
 use super::clock::RedisClock;
 pub use super::cluster_map::slot_of;
@@ -148,8 +149,8 @@ async fn dispatch(
                 while batch.len() < MAX_CALLS && keys < MAX_KEYS {
                     let Some((slot, job)) = lane.waiting.pop_front() else { break };
                     waiting -= 1;
-                    // Its caller has answered already (the timeout is theirs to report).
                     if !job.wanted(now) {
+                        give_up(vec![job], &shared.metrics);
                         continue;
                     }
                     keys += job.keys.len();
@@ -210,7 +211,7 @@ async fn send(shared: &Shared, jobs: Vec<(u16, Job)>, clock: &RedisClock) {
     // A call whose caller has answered already (its deadline passed while a split batch went
     // call by call) is not sent.
     let now = Instant::now();
-    let jobs: Vec<(u16, Job)> = jobs.into_iter().filter(|(_, j)| j.wanted(now)).collect();
+    let jobs = still_wanted(jobs, |(_, j)| j, |(_, j)| j, now, &shared.metrics);
     if jobs.is_empty() {
         return;
     }
