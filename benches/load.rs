@@ -13,7 +13,12 @@
 //!
 //!   cargo bench --bench load                       every store and scenario, 8 s each
 //!   cargo bench --bench load -- --seconds 3 --only memory,standalone --scenario "fixed window"
+//!   cargo bench --bench load -- --compare 641ff13=/path/to/old/portcullis
 //!   cargo test --bench load                        a short smoke run (checks it works)
+//!
+//! `--compare LABEL=PATH` (repeatable) runs another build of `portcullis` beside this one, each on
+//! its own store processes, scenario by scenario in turn (this build, then each other, so that a
+//! drift of the shared machine falls on both), and prints each one's ratios to this build.
 
 #[path = "support/cpu.rs"]
 mod cpu;
@@ -158,6 +163,29 @@ struct Options {
     only: Option<Vec<String>>,
     /// Only the scenarios whose label contains this.
     scenario: Option<String>,
+    /// The builds measured: this one first, then each `--compare LABEL=PATH`.
+    binaries: Vec<(String, PathBuf)>,
+}
+
+/// This build, then every `--compare LABEL=PATH`.
+fn binaries(args: &[String]) -> Vec<(String, PathBuf)> {
+    let mut out = vec![(
+        "this build".to_owned(),
+        PathBuf::from(env!("CARGO_BIN_EXE_portcullis")),
+    )];
+    for (i, arg) in args.iter().enumerate() {
+        if arg != "--compare" {
+            continue;
+        }
+        let given = args.get(i + 1).expect("--compare LABEL=PATH");
+        let (label, path) = given
+            .split_once('=')
+            .unwrap_or_else(|| panic!("--compare {given:?}: want LABEL=PATH"));
+        let path = PathBuf::from(path);
+        assert!(path.is_file(), "--compare {label}: no file at {path:?}");
+        out.push((label.to_owned(), path));
+    }
+    out
 }
 
 impl Options {
@@ -182,6 +210,7 @@ impl Options {
                 .unwrap_or(32),
             only: value("--only").map(|v| v.split(',').map(str::to_owned).collect()),
             scenario: value("--scenario"),
+            binaries: binaries(&args),
         }
     }
 
@@ -218,10 +247,10 @@ impl Server {
         }
     }
 
-    fn portcullis(dir: &Path, store_args: &[String]) -> Server {
+    fn portcullis(binary: &Path, dir: &Path, store_args: &[String]) -> Server {
         let (grpc, admin) = (free_port(), free_port());
         let log = dir.join(format!("portcullis-{grpc}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_portcullis"))
+        let child = Command::new(binary)
             .arg("serve")
             .arg("--config")
             .arg(dir.join("rules"))
@@ -444,6 +473,7 @@ async fn connect(addr: SocketAddr, connections: usize) -> Vec<Channel> {
 
 /// One measured run.
 struct Row {
+    binary: String,
     store: String,
     scenario: String,
     decisions_per_s: f64,
@@ -457,6 +487,7 @@ struct Row {
 }
 
 struct Target<'a> {
+    binary: &'a str,
     name: &'a str,
     server: &'a Server,
     redis_ports: Vec<u16>,
@@ -526,6 +557,7 @@ async fn measure(
         (Some(usec / decisions), Some(usec / calls.max(1.0)))
     };
     Row {
+        binary: target.binary.into(),
         store: target.name.into(),
         scenario: match rate {
             Some(r) => format!("{} at {:.0}/s", scenario.label(), r),
@@ -576,7 +608,7 @@ fn redis_ceiling(options: &Options) -> (f64, f64) {
     (rps, usec / calls)
 }
 
-fn print(rows: &[Row], null: &Row, memory_one: Option<f64>, ceiling: (f64, f64)) {
+fn print(rows: &[Row], null: &Row, ceiling: (f64, f64)) {
     println!();
     println!(
         "Redis ceiling: redis-benchmark EVALSHA of a minimal GCRA script, {:.0} calls/s, {:.2} µs of Redis CPU per call",
@@ -587,20 +619,27 @@ fn print(rows: &[Row], null: &Row, memory_one: Option<f64>, ceiling: (f64, f64))
         null.decisions_per_s, null.server_us
     );
     println!();
+    // × memory: against the same build's memory store on one descriptor.
+    let memory_one = |binary: &str| {
+        rows.iter()
+            .find(|r| r.binary == binary && r.store == "memory" && r.scenario == ALL[0].label())
+            .map(|r| r.decisions_per_s)
+    };
     println!(
-        "| store | scenario | decisions/s | × null | × memory | p50 ms | p99 ms | p99.9 ms | server µs/decision | × null | Redis µs/decision | Redis µs/script call | × minimal script | check |"
+        "| build | store | scenario | decisions/s | × null | × memory | p50 ms | p99 ms | p99.9 ms | server µs/decision | × null | Redis µs/decision | Redis µs/script call | × minimal script | check |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("—".to_owned(), |v| format!("{v:.digits$}"));
         println!(
-            "| {} | {} | {:.0} | {:.2} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            r.binary,
             r.store,
             r.scenario,
             r.decisions_per_s,
             r.decisions_per_s / null.decisions_per_s,
-            opt(memory_one.map(|m| r.decisions_per_s / m), 2),
+            opt(memory_one(&r.binary).map(|m| r.decisions_per_s / m), 2),
             r.p50,
             r.p99,
             r.p999,
@@ -612,11 +651,46 @@ fn print(rows: &[Row], null: &Row, memory_one: Option<f64>, ceiling: (f64, f64))
             r.check
         );
     }
+    print_comparison(rows);
 }
 
-/// Starts a store's processes and the service on it: the service, the Redis ports to read
+/// Each other build's figures as ratios of this build's, row by row (below 1: this build spends
+/// less, or answers fewer decisions a second).
+fn print_comparison(rows: &[Row]) {
+    let others: Vec<&Row> = rows.iter().filter(|r| r.binary != "this build").collect();
+    if others.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "| store | scenario | this build ÷ | decisions/s | server µs/decision | Redis µs/decision |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for other in others {
+        let Some(this) = rows.iter().find(|r| {
+            r.binary == "this build" && r.store == other.store && r.scenario == other.scenario
+        }) else {
+            continue;
+        };
+        let redis = match (this.redis_us, other.redis_us) {
+            (Some(t), Some(o)) => format!("{:.2}", t / o),
+            _ => "—".into(),
+        };
+        println!(
+            "| {} | {} | {} | {:.2} | {:.2} | {} |",
+            this.store,
+            this.scenario,
+            other.binary,
+            this.decisions_per_s / other.decisions_per_s,
+            this.server_us / other.server_us,
+            redis
+        );
+    }
+}
+
+/// Starts a store's processes and the given build of the service on it: the service, the Redis ports to read
 /// statistics from, and what must live as long as the run (the Redis processes).
-type StartStore = dyn FnOnce() -> (Server, Vec<u16>, Box<dyn std::any::Any>);
+type StartStore = dyn Fn(&Path) -> (Server, Vec<u16>, Box<dyn std::any::Any>);
 
 fn null_server(port: u16) {
     #[derive(Default)]
@@ -674,6 +748,7 @@ fn main() {
 
     let null = Server::null(dir.path());
     let null_target = Target {
+        binary: "null server",
         name: "null server",
         server: &null,
         redis_ports: Vec::new(),
@@ -696,17 +771,20 @@ fn main() {
         let path = path.clone();
         stores.push((
             "memory",
-            Box::new(move || (Server::portcullis(&path, &[]), Vec::new(), Box::new(()))),
+            Box::new(move |binary| {
+                let server = Server::portcullis(binary, &path, &[]);
+                (server, Vec::new(), Box::new(()))
+            }),
         ));
     }
     if options.wants("standalone") {
         let path = path.clone();
         stores.push((
             "standalone Redis",
-            Box::new(move || {
+            Box::new(move |binary| {
                 let redis = RedisServer::start();
                 let args = ["--store", "redis", "--redis-url", &redis.url()].map(String::from);
-                let server = Server::portcullis(&path, &args);
+                let server = Server::portcullis(binary, &path, &args);
                 (server, vec![redis.port], Box::new(redis))
             }),
         ));
@@ -715,66 +793,86 @@ fn main() {
         let path = path.clone();
         stores.push((
             "Redis Cluster (3 masters)",
-            Box::new(move || {
+            Box::new(move |binary| {
                 let cluster = RedisCluster::start_with_replicas(0);
                 let seeds = cluster.seeds().join(",");
                 let args = ["--store", "redis", "--redis-cluster", &seeds].map(String::from);
-                let server = Server::portcullis(&path, &args);
+                let server = Server::portcullis(binary, &path, &args);
                 let ports = cluster.nodes.iter().map(|n| n.port).collect();
                 (server, ports, Box::new(cluster))
             }),
         ));
     }
 
-    let mut memory_one = None;
     for (name, start) in stores {
-        let (server, redis_ports, _keep) = start();
-        // Redis processes' CPU, for the record (the commandstats figure is the script's own).
-        let redis_pids: Vec<u32> = redis_ports.iter().map(|p| redis_pid(*p)).collect();
-        let redis_cpu_before: f64 = redis_pids.iter().map(|p| cpu_seconds(*p)).sum();
-        let target = Target {
-            name,
-            server: &server,
-            redis_ports: redis_ports.clone(),
-        };
-        let mut peak = None;
+        // Every build on its own processes, started together and driven in turn.
+        let started: Vec<_> = options
+            .binaries
+            .iter()
+            .map(|(label, binary)| {
+                let (server, redis_ports, keep) = start(binary);
+                // Redis processes' CPU, for the record (commandstats is the script's own).
+                let redis_pids: Vec<u32> = redis_ports.iter().map(|p| redis_pid(*p)).collect();
+                let redis_cpu_before: f64 = redis_pids.iter().map(|p| cpu_seconds(*p)).sum();
+                (
+                    label,
+                    server,
+                    redis_ports,
+                    keep,
+                    redis_pids,
+                    redis_cpu_before,
+                )
+            })
+            .collect();
+        let targets: Vec<Target> = started
+            .iter()
+            .map(|(label, server, ports, ..)| Target {
+                binary: label,
+                name,
+                server,
+                redis_ports: ports.clone(),
+            })
+            .collect();
+        let mut peaks = vec![None; targets.len()];
         for scenario in &scenarios {
-            let row = runtime.block_on(measure(&target, *scenario, &options, None));
-            if *scenario == ALL[0] {
-                peak = Some(row.decisions_per_s);
-                if name == "memory" {
-                    memory_one = Some(row.decisions_per_s);
+            for (target, peak) in targets.iter().zip(&mut peaks) {
+                let row = runtime.block_on(measure(target, *scenario, &options, None));
+                if *scenario == ALL[0] {
+                    *peak = Some(row.decisions_per_s);
                 }
+                eprintln!(
+                    "{} / {name}: {}: {:.0}/s {}",
+                    target.binary, row.scenario, row.decisions_per_s, row.check
+                );
+                rows.push(row);
             }
-            eprintln!(
-                "{name}: {}: {:.0}/s {}",
-                row.scenario, row.decisions_per_s, row.check
-            );
-            rows.push(row);
         }
         // Latency where it matters: at half the peak rate.
-        if let (Some(peak), true) = (peak, options.full) {
-            let row = runtime.block_on(measure(&target, ALL[0], &options, Some(peak / 2.0)));
-            eprintln!(
-                "{name}: {}: p99 {:.2} ms {}",
-                row.scenario, row.p99, row.check
-            );
-            rows.push(row);
+        for (target, peak) in targets.iter().zip(&peaks) {
+            if let (Some(peak), true) = (peak, options.full) {
+                let row = runtime.block_on(measure(target, ALL[0], &options, Some(peak / 2.0)));
+                eprintln!(
+                    "{} / {name}: {}: p99 {:.2} ms {}",
+                    target.binary, row.scenario, row.p99, row.check
+                );
+                rows.push(row);
+            }
         }
-        let redis_cpu: f64 =
-            redis_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - redis_cpu_before;
-        if !redis_pids.is_empty() {
-            eprintln!("{name}: redis-server processes used {redis_cpu:.1} s of CPU in all");
+        for (label, _, _, _, redis_pids, before) in &started {
+            if !redis_pids.is_empty() {
+                let used = redis_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>() - before;
+                eprintln!("{label} / {name}: redis-server processes used {used:.1} s of CPU");
+            }
         }
     }
-    print(&rows, &null_row, memory_one, ceiling);
+    print(&rows, &null_row, ceiling);
     let failed: Vec<&Row> = rows.iter().filter(|r| r.check != "ok").collect();
     assert!(
         failed.is_empty(),
         "wrong answers or counts: {:?}",
         failed
             .iter()
-            .map(|r| format!("{} / {}: {}", r.store, r.scenario, r.check))
+            .map(|r| format!("{} / {} / {}: {}", r.binary, r.store, r.scenario, r.check))
             .collect::<Vec<_>>()
     );
 }

@@ -3,14 +3,17 @@
 -- Appended to the three algorithm files, which define the functions it dispatches to.
 --
 -- KEYS: every call's counter keys, call after call; in Cluster mode all of one slot.
--- ARGV[1]: the number of calls.
--- ARGV[2]: 0, or the number of keys carried in ARGV instead (a Cluster batch over several slots
+-- ARGV[1]: every number below, each a big-endian signed 64-bit integer, read with Redis' `struct`
+--       library: parsing decimal arguments (`tonumber`, one Redis string each) was the largest
+--       part of the script's cost per check.
+-- ARGV[2..]: the keys carried in ARGV instead of KEYS, if any (a Cluster batch over several slots
 --       of one node: KEYS then holds only the first key, which routes the call; Redis refuses
---       declared keys of several slots). Those keys follow in ARGV[3..]. Each is first checked to
---       be this node's and not half migrated away, before anything is read or written: if one
---       is not, the script replies TRYAGAIN having done nothing, and Portcullis sends the calls
---       one by one (see cluster_batch.rs).
--- Then, per call:
+--       declared keys of several slots). Each is first checked to be this node's and not half
+--       migrated away, before anything is read or written: if one is not, the script replies
+--       TRYAGAIN having done nothing, and Portcullis sends the calls one by one (see
+--       cluster_batch.rs).
+-- The numbers: the number of calls; the number of keys carried in ARGV (0 for none); then, per
+-- call:
 --   a clock reading in microseconds for tests, or 0: Redis TIME (production always sends 0;
 --       replicas' host clocks drift, Redis' clock is the one all of them share; read once per
 --       script call);
@@ -29,17 +32,22 @@
 --       sliding window's 1, 11, 21 whose new keys are made as hashes, 0.1.0's layout; 4 a
 --       blocked descriptor, refused) and five numbers whose meaning is the operation's (see
 --       `run`).
--- Returns one string: '@' and the node's clock in microseconds and '|' when the script read
--- TIME (so that every reply, even one whose calls all expired, tells Portcullis this node's
--- clock), then the calls separated by ';', each call's keys by ',', each key's numbers by
--- ' ' (common.lua's `reply`), as each algorithm function documents; or, for a key Redis could not
--- decide or write (a write refused for memory, a key of another type), '!' and the error. Such an
--- error fails only the keys it concerns (every key of an all-or-nothing call): the other calls'
--- answers stand, refusals included, and what they admitted is written. READONLY (a demoted
--- master: no write can have happened) ends the script call as an error, for Cluster to follow.
+-- Returns one array of integers (Redis turns it into RESP without a string per key): the node's
+-- clock in microseconds when the script read TIME, else 0 (every reply, even one whose calls all
+-- expired, tells Portcullis this node's clock); then per call its number of keys and per key
+-- either its reply's length and its numbers (common.lua's `reply`, as each algorithm function
+-- documents) or, for a key Redis could not decide or write (a write refused for memory, a key of
+-- another type), the error as a string. Such an error fails only the keys it concerns (every key
+-- of an all-or-nothing call): the other calls' answers stand, refusals included, and what they
+-- admitted is written. READONLY (a demoted master: no write can have happened) ends the script
+-- call as an error, for Cluster to follow.
+local numbers, read_numbers = ARGV[1], struct.unpack
+-- The formats of one number, of a call's four, of a key's six; the bytes of the last two.
+local NUMBER, CALL_HEAD, KEY_NUMBERS = '>i8', '>i8i8i8i8', '>i8i8i8i8i8i8'
+local CALL_HEAD_BYTES, KEY_BYTES = 32, 48
+
 local redis_now = nil
-local function clock(arg)
-  local now = tonumber(arg)
+local function clock(now)
   if now ~= 0 then return now end
   if redis_now == nil then
     local time = redis.call('TIME')
@@ -62,8 +70,7 @@ local failed, fatal = {}, nil
 
 local function error_text(e)
   if type(e) == 'table' then e = e.err end
-  -- The reply's separators cannot appear inside an entry.
-  return (string.gsub(tostring(e), '[;,]', ' '))
+  return tostring(e)
 end
 
 local function fail(call, i, e)
@@ -86,7 +93,8 @@ local function flush(key, h)
     end
   end)
   if not ok then
-    for _, w in ipairs(h.writers) do fail(w[1], w[2], e) end
+    local w = h.writers
+    for j = 1, h.nw, 2 do fail(w[j], w[j + 1], e) end
   end
 end
 
@@ -114,7 +122,7 @@ local function state(key, op, now, p, prefer_hash)
   else
     s = fixed_open(key, now, p)
   end
-  h = {op = op, now = now, p = p, s = s, writers = {}}
+  h = {op = op, now = now, p = p, s = s, writers = {}, nw = 0}
   held[key] = h
   return h
 end
@@ -131,13 +139,13 @@ local function scratch_state(scratch, key, op, now, p, prefer_hash)
   return c
 end
 
-local keys, a = KEYS, 3
-local carried = tonumber(ARGV[2])
+local call_count, carried, a = read_numbers('>i8i8', numbers, 1)
+local keys = KEYS
 if carried > 0 then
   keys = {}
   local checked = {}
   for i = 1, carried do
-    keys[i] = ARGV[2 + i]
+    keys[i] = ARGV[1 + i]
     -- A hot key comes once per call: checked once.
     local here = checked[keys[i]] or redis.pcall('EXISTS', keys[i])
     checked[keys[i]] = here
@@ -146,29 +154,31 @@ if carried > 0 then
         tostring(here.err))
     end
   end
-  a = 3 + carried
 end
 
--- Runs the operation whose six numbers start at ARGV[a] on keys[k], key `i` of call `call`; on
--- `scratch` copies when given (an all-or-nothing look). Raises Redis' errors (run under pcall).
+-- Runs the operation whose six numbers start at byte `a` of ARGV[1] on keys[k], key `i` of call
+-- `call`; on `scratch` copies when given (an all-or-nothing look). It writes when the call may
+-- write (`charging`: not a probe or a look) and it is a refund or a post-paid charge, or
+-- `commit_charges` (the call's charges all pass, or are each their own). Raises Redis' errors
+-- (run under pcall).
 -- The six numbers: the operation, then per operation:
 --   1 sliding: sub-window us, limit, hits        11 its refund: sub-window us, limit, hits
 --   2 bucket: rate, cost us, cost remainder,     12 its refund: rate, span us, span remainder
 --     tolerance us, tolerance remainder
 --   3 fixed: window us, limit, hits              13 its refund: window us, limit, hits
 --   21, 22, 23: 1, 2, 3 as post-paid charges.   4 blocked (a zero limit): always refused.
-local function run(k, a, now, commit, call, i, scratch)
-  local op = tonumber(ARGV[a])
+local function run(k, a, now, charging, commit_charges, call, i, scratch)
+  local op, unit, n2, n3, n4, n5 = read_numbers(KEY_NUMBERS, numbers, a)
   local key = keys[k]
+  local commit = charging and (commit_charges or op > 10)
   -- 5, 15, 25: the sliding window's 1, 11, 21 whose new keys are made in the hash layout.
   local prefer_hash = op == 5 or op == 15 or op == 25
   if prefer_hash then op = op - 4 end
   if op == 11 or op == 12 or op == 13 then
     release(key)
-    local unit, n1, n2 = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    if op == 11 then return sliding_refund(key, now, unit, n2, commit, prefer_hash) end
-    if op == 12 then return bucket_refund(key, now, unit, n1, n2, commit) end
-    return fixed_refund(key, now, unit, n2, commit)
+    if op == 11 then return sliding_refund(key, now, unit, n3, commit, prefer_hash) end
+    if op == 12 then return bucket_refund(key, now, unit, n2, n3, commit) end
+    return fixed_refund(key, now, unit, n3, commit)
   end
   -- A post-paid charge is its algorithm's charge that records what does not fit.
   local post_paid = op > 20
@@ -176,9 +186,8 @@ local function run(k, a, now, commit, call, i, scratch)
   -- A blocked descriptor (a zero limit) in an all-or-nothing call: refused, its key untouched.
   if op == 4 then return reply(0, now, 0, 0) end
   if op ~= 1 and op ~= 2 and op ~= 3 then
-    error({err = 'ERR portcullis: unknown operation ' .. tostring(ARGV[a])})
+    error({err = 'ERR portcullis: unknown operation ' .. tostring(op)})
   end
-  local unit = tonumber(ARGV[a + 1])
   local h
   if scratch ~= nil then
     h = scratch_state(scratch, key, op, now, unit, prefer_hash)
@@ -189,96 +198,146 @@ local function run(k, a, now, commit, call, i, scratch)
   -- Whether this check changes the state: it then shares the fate of the state's write.
   local was_dirty = s.dirty
   s.dirty = false
-  local ok, result = pcall(function()
-    if op == 1 then
-      local limit, hits = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-      return sliding_window(s, key, now, limit, hits, commit, post_paid)
-    elseif op == 2 then
-      local cost_q, cost_r = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-      local tol_q, tol_r = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-      return token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, unit, commit, post_paid)
-    end
-    local limit, hits = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    return fixed_window(s, now, limit, hits, commit, post_paid)
-  end)
-  if s.dirty and scratch == nil then h.writers[#h.writers + 1] = {call, i} end
+  -- pcall with the function itself: a closure per check was a large part of its cost.
+  local ok, result
+  if op == 1 then
+    ok, result = pcall(sliding_window, s, key, now, n2, n3, commit, post_paid)
+  elseif op == 2 then
+    -- cost quotient and remainder, tolerance quotient and remainder, rate
+    ok, result = pcall(token_bucket, s, now, n2, n3, n4, n5, unit, commit, post_paid)
+  else
+    ok, result = pcall(fixed_window, s, now, n2, n3, commit, post_paid)
+  end
+  if s.dirty and scratch == nil then
+    -- Flat pairs (call, key): no table per charge.
+    local w, n = h.writers, h.nw
+    w[n + 1], w[n + 2] = call, i
+    h.nw = n + 2
+  end
   s.dirty = s.dirty or was_dirty
   if not ok then error(result, 0) end
   return result
 end
 
-local out, counts, modes = {}, {}, {}
+-- The reply (common.lua's `sink`): the clock's place first.
+local out = {0}
+sink, sink_n = out, 1
+
+-- Runs key `i` of call `call` (`run`'s arguments) into the sink: its reply's length, then its
+-- numbers; an error leaves the key one string and is recorded in `failed`. Returns whether it
+-- passed (nil when it failed) and where its entry starts.
+local function entry(k, at, now, charging, commit_charges, call, i, scratch)
+  local start = sink_n + 1
+  sink_n = start
+  local ok, allowed = pcall(run, k, at, now, charging, commit_charges, call, i, scratch)
+  if ok then
+    sink[start] = sink_n - start
+    return allowed, start
+  end
+  -- Numbers written before the error are taken back.
+  for j = start + 1, sink_n do sink[j] = nil end
+  sink_n = start
+  sink[start] = error_text(allowed)
+  fail(call, i, allowed)
+  return nil, start
+end
+
+local modes = {}
 local k = 1
-for call = 1, tonumber(ARGV[1]) do
-  local now, expires = clock(ARGV[a]), tonumber(ARGV[a + 1])
-  local mode, count = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  a = a + 4
-  counts[call], modes[call] = count, mode
+for call = 1, call_count do
+  local now, expires, mode, count = read_numbers(CALL_HEAD, numbers, a)
+  if now == 0 then now = redis_now or clock(0) end
+  a = a + CALL_HEAD_BYTES
+  modes[call] = mode
+  sink_n = sink_n + 1
+  out[sink_n] = count
   local commit_charges = mode == 0
   local decided = true
   if expires > 0 and now > expires and now - expires < 60000000 then
     fail(call, nil, 'EXPIRED portcullis: the call reached Redis after its deadline; not run')
     decided = false
   end
-  local looks = {}
+  -- An all-or-nothing call's look: each charge's entry in `look`, where it starts in `looks`.
+  local look, looks = nil, nil
   if decided and (mode == 1 or mode == 3) then
     -- Look first, on copies: a charge happens only if every charge of the call would pass.
     commit_charges = true
     local scratch = {}
+    look, looks = {}, {}
+    sink, sink_n = look, 0
     for i = 0, count - 1 do
-      local op = tonumber(ARGV[a + 6 * i])
+      local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
       if op < 10 or op > 20 then -- not a refund (11-13, 15)
-        local ok, looked = pcall(run, k + i, a + 6 * i, now, true, call, i + 1, scratch)
-        if not ok then
+        local at = a + KEY_BYTES * i
+        local allowed, start = entry(k + i, at, now, true, true, call, i + 1, scratch)
+        if allowed == nil then
           -- Undecidable as a whole: nothing of it is charged.
-          fail(call, nil, looked)
+          fail(call, nil, look[start])
           decided = false
           break
         end
-        looks[i + 1] = looked
-        if string.byte(looked, 1) == 48 then commit_charges = false end -- '0': refused
+        looks[i + 1] = start
+        if allowed == 0 then commit_charges = false end
       end
     end
+    sink, sink_n = out, #out
   end
-  local results = {}
-  if decided then
-    for i = 0, count - 1 do
-      -- Refunds and post-paid charges apply whatever the call's other charges answer.
-      local op = tonumber(ARGV[a + 6 * i])
-      local always = op > 10
-      local commit = (mode == 0 or mode == 1) and (always or commit_charges)
-      local looked = looks[i + 1]
-      if looked ~= nil and (mode == 3 or not commit) and string.byte(looked, 1) == 48 then
+  -- Refunds and post-paid charges apply whatever the call's other charges answer (`run`).
+  local charging = mode == 0 or mode == 1
+  for i = 0, count - 1 do
+    if not decided then
+      -- Each key's place, filled with the call's error at the end.
+      sink_n = sink_n + 1
+      out[sink_n] = 0
+    else
+      -- A charge the look refused, not to be written (a post-paid one is, as a refund is).
+      local at = looks and looks[i + 1]
+      if at ~= nil and look[at + 1] == 0 then
+        local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
+        if charging and (commit_charges or op > 10) then at = nil end
+      end
+      if at ~= nil and look[at + 1] == 0 then
         -- Refused as a whole: a charge the look refused answers so (the second of two checks
         -- on one key is refused there, not alone); the others answer as a probe would.
-        results[i + 1] = looked
+        for j = at, at + look[at] do
+          sink_n = sink_n + 1
+          out[sink_n] = look[j]
+        end
       else
-        local ok, result = pcall(run, k + i, a + 6 * i, now, commit, call, i + 1)
-        if ok then results[i + 1] = result else fail(call, i + 1, result) end
+        entry(k + i, a + KEY_BYTES * i, now, charging, commit_charges, call, i + 1)
       end
     end
   end
-  out[call] = results
-  a = a + 6 * count
+  a = a + KEY_BYTES * count
   k = k + count
 end
 flush_all()
 if fatal ~= nil then return redis.error_reply(fatal) end
-for call = 1, #out do
-  local f = failed[call]
-  if f ~= nil then
-    local results = out[call]
-    -- All or nothing: a key that failed leaves the whole call undecided.
-    local whole = f.all
-    if whole == nil and (modes[call] == 1 or modes[call] == 3) then
-      for i = 1, counts[call] do whole = whole or f[i] end
-    end
-    for i = 1, counts[call] do
-      local e = whole or f[i]
-      if e ~= nil then results[i] = '!' .. e end
-    end
+out[1] = redis_now or 0
+if next(failed) == nil then return out end
+
+-- Some keys failed after they were answered (a write refused), or a whole call did: the reply
+-- is written again with each failed key's error in its place.
+local again, at = {out[1]}, 2
+for call = 1, call_count do
+  local f, count = failed[call], out[at]
+  again[#again + 1] = count
+  at = at + 1
+  -- All or nothing: a key that failed leaves the whole call undecided.
+  local whole = f and f.all
+  if f ~= nil and whole == nil and (modes[call] == 1 or modes[call] == 3) then
+    for i = 1, count do whole = whole or f[i] end
   end
-  out[call] = table.concat(out[call], ',')
+  for i = 1, count do
+    local size = 0
+    if type(out[at]) == 'number' then size = out[at] end
+    local e = whole or (f and f[i])
+    if e ~= nil then
+      again[#again + 1] = error_text(e)
+    else
+      for j = at, at + size do again[#again + 1] = out[j] end
+    end
+    at = at + 1 + size
+  end
 end
-if redis_now ~= nil then return string.format('@%d|', redis_now) .. table.concat(out, ';') end
-return table.concat(out, ';')
+return again

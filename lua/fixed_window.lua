@@ -7,7 +7,7 @@
 -- refused, or when there are none; the state is read once and written once per key per script
 -- call (check.lua keeps it between the calls).
 --
--- Replies (common.lua's `reply`: numbers in a string) {allowed (0|1), now_us, window, count}, the
+-- Replies (common.lua's `reply`) {allowed (0|1), now_us, window, count}, the
 -- state after the check.
 -- TTL: until the window ends.
 local function fixed_load(key, now, window_us)

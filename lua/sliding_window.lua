@@ -17,7 +17,7 @@
 -- hits, or `commit` false write nothing, as the memory store leaves its entry. The state is read
 -- once and written once per key per script call (check.lua keeps it between the calls).
 --
--- Replies (common.lua's `reply`: numbers in a string) {1, now_us, total, l} when the hits pass
+-- Replies (common.lua's `reply`) {1, now_us, total, l} when the hits pass
 -- (Rust needs no more), and {0, now_us, total, l, index1, count1, index2, count2, ...} (the live
 -- sub-windows) when they do not, for the retry time; Rust derives remaining/reset/retry with the memory store's code.
 -- TTL: until the newest sub-window holding hits leaves the window, (l + SLOTS) * sub_window_us;
@@ -119,14 +119,12 @@ local function sliding_window(s, key, now, limit, hits, commit, post_paid)
     -- Refused: nothing changes. The live sub-windows as stored (read once per script call), the
     -- newest one as it stands now.
     if s.stored == nil then s.stored = sliding_pairs(key, s) end
-    local out = {reply(0, now, s.total, s.last)}
+    reply(0, now, s.total, s.last)
     for i = 1, #s.stored, 2 do
-      if s.stored[i] ~= s.newest then
-        out[#out + 1] = string.format('%d %d', s.stored[i], s.stored[i + 1])
-      end
+      if s.stored[i] ~= s.newest then reply_pair(s.stored[i], s.stored[i + 1]) end
     end
-    if s.count > 0 then out[#out + 1] = string.format('%d %d', s.newest, s.count) end
-    return table.concat(out, ' ')
+    if s.count > 0 then reply_pair(s.newest, s.count) end
+    return 0
   end
   if commit and hits > 0 then
     s.count = s.count + hits

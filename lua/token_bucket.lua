@@ -11,7 +11,7 @@
 -- written when `commit` is false, when the hits are refused, or when there are none; the state is
 -- read once and written once per key per script call (check.lua keeps it between the calls).
 --
--- Replies (common.lua's `reply`: numbers in a string) {allowed (0|1), now_us, tat_us, frac}, the
+-- Replies (common.lua's `reply`) {allowed (0|1), now_us, tat_us, frac}, the
 -- state after the check (frac in `requests`).
 -- TTL: until the bucket is full again (TAT), rounded up to the millisecond.
 local function bucket_load(key, requests)

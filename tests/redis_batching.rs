@@ -194,24 +194,23 @@ async fn a_batch_over_slots_with_a_key_its_node_does_not_serve_changes_nothing()
         let mut conn = conn.clone();
         async move {
             let keys: Vec<String> = checks.iter().map(key_of).collect();
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(script::SOURCE)
-                .arg(1)
-                .arg(&keys[0])
-                .arg(checks.len())
-                .arg(keys.len())
-                .arg(&keys);
+            // The number of calls and of keys carried, then each call.
+            let mut numbers = vec![checks.len() as i64, keys.len() as i64];
             for check in &checks {
-                let mut args = Vec::new();
                 script::push_call(
                     &[check],
                     ScriptClock::RedisTime,
                     0,
                     script::mode_arg(ChargeMode::EachAlone),
-                    &mut args,
+                    &mut numbers,
                 );
-                cmd.arg(args);
             }
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(script::SOURCE)
+                .arg(1)
+                .arg(&keys[0])
+                .arg(script::pack_numbers(&numbers))
+                .arg(&keys);
             cmd.query_async::<redis::Value>(&mut conn).await
         }
     };

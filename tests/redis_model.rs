@@ -479,7 +479,7 @@ async fn one_script_call(
         .arg(script::SOURCE)
         .arg(keys.len())
         .arg(&keys)
-        .arg(&args)
+        .arg(script::pack_numbers(&args))
         .query_async(conn)
         .await
         .expect("the script runs");

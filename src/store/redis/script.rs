@@ -65,7 +65,7 @@ pub fn prefer_hash_layout(args: &mut [i64]) {
     }
 }
 
-/// The script's number for a call's charge mode (ARGV[2]).
+/// The script's number for a call's charge mode (the third of a call's numbers).
 pub fn mode_arg(mode: ChargeMode) -> i64 {
     match mode {
         ChargeMode::EachAlone => 0,
@@ -95,6 +95,13 @@ impl ScriptClock {
 /// The script's mode that looks at an all-or-nothing call without charging it: what mode 1 would
 /// answer (the call's charges tried in order on copies), nothing written.
 pub const LOOK_ALL: i64 = 3;
+
+/// The script's numbers as it reads them (ARGV[1]): each a big-endian signed 64-bit integer.
+/// One binary argument instead of one decimal string per number: parsing those was the largest
+/// part of the script's cost per check (BENCHMARKS.md, "The script's cost").
+pub fn pack_numbers(numbers: &[i64]) -> Vec<u8> {
+    numbers.iter().flat_map(|n| n.to_be_bytes()).collect()
+}
 
 /// Pushes one call as the script reads it: its clock, its deadline on Redis' clock (µs, 0 for
 /// none), its mode (`mode_arg`, or `LOOK_ALL`), its key count, then six numbers per check. A
@@ -216,56 +223,57 @@ pub type KeyReply = Result<Vec<u64>, StoreError>;
 /// The script's reply, split: one entry per call, holding one entry per key.
 pub type Replies = Vec<Vec<KeyReply>>;
 
-/// Splits the script's one-string reply (calls by ';', keys by ',', numbers by ' '; a key Redis
-/// failed as '!' and its error; see `lua/check.lua`) into numbers; anything else is a protocol
-/// error, never a panic.
+/// Splits the script's reply (an array: the node's clock or 0, then per call its key count and
+/// per key its numbers' count and numbers, or the error Redis met on it as a string; see
+/// `lua/check.lua`) into numbers; anything else is a protocol error, never a panic.
 pub fn parse_reply(value: &Value) -> Result<Replies, StoreError> {
     parse_reply_with_clock(value).map(|(_, calls)| calls)
 }
 
-/// `parse_reply`, and the node's clock in µs when the script read `TIME` (the reply then starts
-/// with `@<µs>|`): every reply tells the node's clock, even one whose calls all expired.
+/// `parse_reply`, and the node's clock in µs when the script read `TIME`: every reply tells the
+/// node's clock, even one whose calls all expired.
 pub fn parse_reply_with_clock(value: &Value) -> Result<(Option<u64>, Replies), StoreError> {
-    let bytes: &[u8] = match value {
-        Value::BulkString(bytes) => bytes,
-        Value::SimpleString(text) => text.as_bytes(),
-        other => {
-            return Err(protocol(format!(
-                "expected the script's string reply, got {other:?}"
-            )));
-        }
+    let Value::Array(items) = value else {
+        return Err(protocol(format!(
+            "expected the script's array reply, got {value:?}"
+        )));
     };
-    let (clock, bytes) = match bytes.strip_prefix(b"@") {
-        Some(rest) => {
-            let end = rest
-                .iter()
-                .position(|&b| b == b'|')
-                .ok_or_else(|| protocol("the script's clock has no end"))?;
-            (Some(number(&rest[..end])?), &rest[end + 1..])
-        }
-        None => (None, bytes),
+    let mut items = items.iter();
+    let clock = match items.next() {
+        Some(first) => Some(number(first)?).filter(|&c| c > 0),
+        None => return Err(protocol("the script's reply is empty")),
     };
-    if bytes.is_empty() {
-        return Ok((clock, Vec::new()));
+    let mut calls = Vec::new();
+    while let Some(count) = items.next() {
+        let count = number(count)?;
+        let mut keys = Vec::with_capacity(usize::try_from(count).unwrap_or(0).min(1024));
+        for _ in 0..count {
+            let entry = match items.next() {
+                Some(Value::Int(size)) => {
+                    let size = usize::try_from(*size)
+                        .map_err(|_| protocol(format!("a negative length {size}")))?;
+                    let mut numbers = Vec::with_capacity(size.min(256));
+                    for _ in 0..size {
+                        let value = items
+                            .next()
+                            .ok_or_else(|| protocol("the script's reply ends inside a key"))?;
+                        numbers.push(number(value)?);
+                    }
+                    Ok(numbers)
+                }
+                Some(Value::BulkString(text)) => Err(key_error(&String::from_utf8_lossy(text))),
+                Some(Value::SimpleString(text)) => Err(key_error(text)),
+                Some(other) => {
+                    return Err(protocol(format!(
+                        "unexpected {other:?} in the script's reply"
+                    )));
+                }
+                None => return Err(protocol("the script's reply ends inside a call")),
+            };
+            keys.push(entry);
+        }
+        calls.push(keys);
     }
-    let calls = bytes
-        .split(|&b| b == b';')
-        .map(|call| {
-            if call.is_empty() {
-                return Ok(Vec::new());
-            }
-            call.split(|&b| b == b',')
-                .map(|key| match key.strip_prefix(b"!") {
-                    Some(error) => Ok(Err(key_error(&String::from_utf8_lossy(error)))),
-                    None => key
-                        .split(|&b| b == b' ')
-                        .map(number)
-                        .collect::<Result<_, _>>()
-                        .map(Ok),
-                })
-                .collect()
-        })
-        .collect::<Result<Replies, StoreError>>()?;
     Ok((clock, calls))
 }
 
@@ -293,21 +301,14 @@ pub fn key_error(text: &str) -> StoreError {
     }
 }
 
-fn number(digits: &[u8]) -> Result<u64, StoreError> {
-    if digits.is_empty() {
-        return Err(protocol("an empty number in the script's reply"));
+fn number(value: &Value) -> Result<u64, StoreError> {
+    match value {
+        Value::Int(n) => u64::try_from(*n)
+            .map_err(|_| protocol(format!("a negative number {n} in the script's reply"))),
+        other => Err(protocol(format!(
+            "not a number in the script's reply: {other:?}"
+        ))),
     }
-    digits.iter().try_fold(0u64, |n, &d| {
-        if !d.is_ascii_digit() {
-            return Err(protocol(format!(
-                "not a number in the script's reply: {:?}",
-                String::from_utf8_lossy(digits)
-            )));
-        }
-        n.checked_mul(10)
-            .and_then(|n| n.checked_add(u64::from(d - b'0')))
-            .ok_or_else(|| protocol("a number past 2^64 in the script's reply"))
-    })
 }
 
 /// Whether a key's reply says the check passed (the first number).

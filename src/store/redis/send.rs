@@ -51,15 +51,15 @@ pub(super) async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
         cmd.arg(body);
         match (cross_slot, keys.first(), args) {
             (true, Some(first), [calls, _, rest @ ..]) => {
-                cmd.arg(1)
-                    .arg(first)
-                    .arg(calls)
-                    .arg(keys.len())
-                    .arg(keys)
-                    .arg(rest);
+                let carried = i64::try_from(keys.len()).unwrap_or(i64::MAX);
+                let mut numbers = script::pack_numbers(&[*calls, carried]);
+                numbers.extend(script::pack_numbers(rest));
+                cmd.arg(1).arg(first).arg(numbers).arg(keys);
             }
             _ => {
-                cmd.arg(keys.len()).arg(keys).arg(args);
+                cmd.arg(keys.len())
+                    .arg(keys)
+                    .arg(script::pack_numbers(args));
             }
         }
         cmd
