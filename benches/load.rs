@@ -18,7 +18,9 @@
 //!
 //! `--compare LABEL=PATH` (repeatable) runs another build of `portcullis` beside this one, each on
 //! its own store processes, scenario by scenario in turn (this build, then each other, so that a
-//! drift of the shared machine falls on both), and prints each one's ratios to this build.
+//! drift of the shared machine falls on both), and prints each one's ratios to this build;
+//! `--rounds N` measures every scenario N times in turn and gives the median of the N ratios
+//! (a shared 2-core machine moves any one figure by ±10%).
 
 #[path = "support/cpu.rs"]
 mod cpu;
@@ -165,6 +167,8 @@ struct Options {
     scenario: Option<String>,
     /// The builds measured: this one first, then each `--compare LABEL=PATH`.
     binaries: Vec<(String, PathBuf)>,
+    /// How many times each scenario is measured, the builds in turn each time.
+    rounds: usize,
 }
 
 /// This build, then every `--compare LABEL=PATH`.
@@ -211,6 +215,10 @@ impl Options {
             only: value("--only").map(|v| v.split(',').map(str::to_owned).collect()),
             scenario: value("--scenario"),
             binaries: binaries(&args),
+            rounds: value("--rounds")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1)
+                .max(1),
         }
     }
 
@@ -474,6 +482,7 @@ async fn connect(addr: SocketAddr, connections: usize) -> Vec<Channel> {
 /// One measured run.
 struct Row {
     binary: String,
+    round: usize,
     store: String,
     scenario: String,
     decisions_per_s: f64,
@@ -558,6 +567,7 @@ async fn measure(
     };
     Row {
         binary: target.binary.into(),
+        round: 0,
         store: target.name.into(),
         scenario: match rate {
             Some(r) => format!("{} at {:.0}/s", scenario.label(), r),
@@ -654,36 +664,62 @@ fn print(rows: &[Row], null: &Row, ceiling: (f64, f64)) {
     print_comparison(rows);
 }
 
-/// Each other build's figures as ratios of this build's, row by row (below 1: this build spends
-/// less, or answers fewer decisions a second).
+/// Each other build's figures as ratios of this build's (below 1: this build spends less, or
+/// answers fewer decisions a second): the median over the rounds, and their range.
 fn print_comparison(rows: &[Row]) {
-    let others: Vec<&Row> = rows.iter().filter(|r| r.binary != "this build").collect();
-    if others.is_empty() {
+    let mut groups: Vec<(&str, &str, &str)> = Vec::new();
+    for r in rows.iter().filter(|r| r.binary != "this build") {
+        let group = (r.store.as_str(), r.scenario.as_str(), r.binary.as_str());
+        if !groups.contains(&group) {
+            groups.push(group);
+        }
+    }
+    if groups.is_empty() {
         return;
     }
     println!();
     println!(
-        "| store | scenario | this build ÷ | decisions/s | server µs/decision | Redis µs/decision |"
+        "| store | scenario | this build ÷ | rounds | decisions/s | server µs/decision | Redis µs/decision |"
     );
-    println!("|---|---|---|---|---|---|");
-    for other in others {
-        let Some(this) = rows.iter().find(|r| {
-            r.binary == "this build" && r.store == other.store && r.scenario == other.scenario
-        }) else {
+    println!("|---|---|---|---|---|---|---|");
+    for (store, scenario, other) in groups {
+        let pairs: Vec<(&Row, &Row)> = rows
+            .iter()
+            .filter(|r| r.binary == other && r.store == store && r.scenario == scenario)
+            .filter_map(|o| {
+                rows.iter()
+                    .find(|t| {
+                        t.binary == "this build"
+                            && t.store == store
+                            && t.scenario == scenario
+                            && t.round == o.round
+                    })
+                    .map(|t| (t, o))
+            })
+            .collect();
+        // A paced row's label names its own rate: it has no pair.
+        if pairs.is_empty() {
             continue;
-        };
-        let redis = match (this.redis_us, other.redis_us) {
-            (Some(t), Some(o)) => format!("{:.2}", t / o),
-            _ => "—".into(),
+        }
+        let summary = |ratio: &dyn Fn(&Row, &Row) -> Option<f64>| {
+            let mut values: Vec<f64> = pairs.iter().filter_map(|(t, o)| ratio(t, o)).collect();
+            if values.is_empty() {
+                return "—".to_owned();
+            }
+            values.sort_by(f64::total_cmp);
+            let median = values[values.len() / 2];
+            if values.len() == 1 {
+                format!("{median:.2}")
+            } else {
+                format!("{median:.2} ({:.2}–{:.2})", values[0], values[values.len() - 1])
+            }
         };
         println!(
-            "| {} | {} | {} | {:.2} | {:.2} | {} |",
-            this.store,
-            this.scenario,
-            other.binary,
-            this.decisions_per_s / other.decisions_per_s,
-            this.server_us / other.server_us,
-            redis
+            "| {store} | {scenario} | {other} | {} | {} | {} | {} |",
+            pairs.len(),
+            summary(&|t, o| Some(t.decisions_per_s / o.decisions_per_s)),
+            summary(&|t, o| Some(t.server_us / o.server_us)),
+            summary(&|t, o| Some(t.redis_us? / o.redis_us?)),
         );
     }
 }
@@ -835,16 +871,23 @@ fn main() {
             .collect();
         let mut peaks = vec![None; targets.len()];
         for scenario in &scenarios {
-            for (target, peak) in targets.iter().zip(&mut peaks) {
-                let row = runtime.block_on(measure(target, *scenario, &options, None));
-                if *scenario == ALL[0] {
-                    *peak = Some(row.decisions_per_s);
+            for round in 0..options.rounds {
+                for (target, peak) in targets.iter().zip(&mut peaks) {
+                    let mut row = runtime.block_on(measure(target, *scenario, &options, None));
+                    row.round = round;
+                    if *scenario == ALL[0] && round == 0 {
+                        *peak = Some(row.decisions_per_s);
+                    }
+                    eprintln!(
+                        "{} / {name}: {} (round {}): {:.0}/s {}",
+                        target.binary,
+                        row.scenario,
+                        round + 1,
+                        row.decisions_per_s,
+                        row.check
+                    );
+                    rows.push(row);
                 }
-                eprintln!(
-                    "{} / {name}: {}: {:.0}/s {}",
-                    target.binary, row.scenario, row.decisions_per_s, row.check
-                );
-                rows.push(row);
             }
         }
         // Latency where it matters: at half the peak rate.

@@ -2,7 +2,8 @@
 -- batch, applied in order, each decided on its own, each key's state read once and written once.
 -- Appended to the three algorithm files, which define the functions it dispatches to.
 --
--- KEYS: every call's counter keys, call after call; in Cluster mode all of one slot.
+-- KEYS: the counter keys, each once (a hot key comes once however many calls name it: Redis
+-- makes a string of each declared key); in Cluster mode all of one slot.
 -- ARGV[1]: every number below, each a big-endian signed 64-bit integer, read with Redis' `struct`
 --       library: parsing decimal arguments (`tonumber`, one Redis string each) was the largest
 --       part of the script's cost per check.
@@ -26,12 +27,12 @@
 --       an all-or-nothing call (what 1 would answer, nothing written: Cluster's first step when
 --       a call's keys live in several slots);
 --   its number of keys;
---   for each of its keys, the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the same
+--   for each of its keys, seven numbers: the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the same
 --       algorithms' refunds; 21, 22, 23 their post-paid charges: hits already consumed, recorded
 --       even when they do not fit, the reply still saying whether they did; 5, 15, 25 the
 --       sliding window's 1, 11, 21 whose new keys are made as hashes, 0.1.0's layout; 4 a
---       blocked descriptor, refused) and five numbers whose meaning is the operation's (see
---       `run`).
+--       blocked descriptor, refused), five numbers whose meaning is the operation's (see
+--       `run`), and where its key is in KEYS (or in the carried keys), from 1.
 -- Returns one array of integers (Redis turns it into RESP without a string per key): the node's
 -- clock in microseconds when the script read TIME, else 0 (every reply, even one whose calls all
 -- expired, tells Portcullis this node's clock); then per call its number of keys and per key
@@ -42,9 +43,9 @@
 -- admitted is written. READONLY (a demoted master: no write can have happened) ends the script
 -- call as an error, for Cluster to follow.
 local numbers, read_numbers = ARGV[1], struct.unpack
--- The formats of one number, of a call's four, of a key's six; the bytes of the last two.
-local NUMBER, CALL_HEAD, KEY_NUMBERS = '>i8', '>i8i8i8i8', '>i8i8i8i8i8i8'
-local CALL_HEAD_BYTES, KEY_BYTES = 32, 48
+-- The formats of one number, of a call's four, of a key's seven; the bytes of the last two.
+local NUMBER, CALL_HEAD, KEY_NUMBERS = '>i8', '>i8i8i8i8', '>i8i8i8i8i8i8i8'
+local CALL_HEAD_BYTES, KEY_BYTES = 32, 56
 
 local redis_now = nil
 local function clock(now)
@@ -143,12 +144,9 @@ local call_count, carried, a = read_numbers('>i8i8', numbers, 1)
 local keys = KEYS
 if carried > 0 then
   keys = {}
-  local checked = {}
   for i = 1, carried do
     keys[i] = ARGV[1 + i]
-    -- A hot key comes once per call: checked once.
-    local here = checked[keys[i]] or redis.pcall('EXISTS', keys[i])
-    checked[keys[i]] = here
+    local here = redis.pcall('EXISTS', keys[i])
     if type(here) == 'table' and here.err then
       return redis.error_reply('TRYAGAIN portcullis: a key of the batch is not served here: ' ..
         tostring(here.err))
@@ -156,20 +154,20 @@ if carried > 0 then
   end
 end
 
--- Runs the operation whose six numbers start at byte `a` of ARGV[1] on keys[k], key `i` of call
+-- Runs the operation whose seven numbers start at byte `a` of ARGV[1] on its key, key `i` of call
 -- `call`; on `scratch` copies when given (an all-or-nothing look). It writes when the call may
 -- write (`charging`: not a probe or a look) and it is a refund or a post-paid charge, or
 -- `commit_charges` (the call's charges all pass, or are each their own). Raises Redis' errors
 -- (run under pcall).
--- The six numbers: the operation, then per operation:
+-- The numbers: the operation, then per operation (the seventh: where the key is):
 --   1 sliding: sub-window us, limit, hits        11 its refund: sub-window us, limit, hits
 --   2 bucket: rate, cost us, cost remainder,     12 its refund: rate, span us, span remainder
 --     tolerance us, tolerance remainder
 --   3 fixed: window us, limit, hits              13 its refund: window us, limit, hits
 --   21, 22, 23: 1, 2, 3 as post-paid charges.   4 blocked (a zero limit): always refused.
-local function run(k, a, now, charging, commit_charges, call, i, scratch)
-  local op, unit, n2, n3, n4, n5 = read_numbers(KEY_NUMBERS, numbers, a)
-  local key = keys[k]
+local function run(a, now, charging, commit_charges, call, i, scratch)
+  local op, unit, n2, n3, n4, n5, at = read_numbers(KEY_NUMBERS, numbers, a)
+  local key = keys[at]
   local commit = charging and (commit_charges or op > 10)
   -- 5, 15, 25: the sliding window's 1, 11, 21 whose new keys are made in the hash layout.
   local prefer_hash = op == 5 or op == 15 or op == 25
@@ -226,10 +224,10 @@ sink, sink_n = out, 1
 -- Runs key `i` of call `call` (`run`'s arguments) into the sink: its reply's length, then its
 -- numbers; an error leaves the key one string and is recorded in `failed`. Returns whether it
 -- passed (nil when it failed) and where its entry starts.
-local function entry(k, at, now, charging, commit_charges, call, i, scratch)
+local function entry(at, now, charging, commit_charges, call, i, scratch)
   local start = sink_n + 1
   sink_n = start
-  local ok, allowed = pcall(run, k, at, now, charging, commit_charges, call, i, scratch)
+  local ok, allowed = pcall(run, at, now, charging, commit_charges, call, i, scratch)
   if ok then
     sink[start] = sink_n - start
     return allowed, start
@@ -243,7 +241,6 @@ local function entry(k, at, now, charging, commit_charges, call, i, scratch)
 end
 
 local modes = {}
-local k = 1
 for call = 1, call_count do
   local now, expires, mode, count = read_numbers(CALL_HEAD, numbers, a)
   if now == 0 then now = redis_now or clock(0) end
@@ -269,7 +266,7 @@ for call = 1, call_count do
       local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
       if op < 10 or op > 20 then -- not a refund (11-13, 15)
         local at = a + KEY_BYTES * i
-        local allowed, start = entry(k + i, at, now, true, true, call, i + 1, scratch)
+        local allowed, start = entry(at, now, true, true, call, i + 1, scratch)
         if allowed == nil then
           -- Undecidable as a whole: nothing of it is charged.
           fail(call, nil, look[start])
@@ -304,12 +301,11 @@ for call = 1, call_count do
           out[sink_n] = look[j]
         end
       else
-        entry(k + i, a + KEY_BYTES * i, now, charging, commit_charges, call, i + 1)
+        entry(a + KEY_BYTES * i, now, charging, commit_charges, call, i + 1)
       end
     end
   end
   a = a + KEY_BYTES * count
-  k = k + count
 end
 flush_all()
 if fatal ~= nil then return redis.error_reply(fatal) end

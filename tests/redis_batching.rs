@@ -194,8 +194,8 @@ async fn a_batch_over_slots_with_a_key_its_node_does_not_serve_changes_nothing()
         let mut conn = conn.clone();
         async move {
             let keys: Vec<String> = checks.iter().map(key_of).collect();
-            // The number of calls and of keys carried, then each call.
-            let mut numbers = vec![checks.len() as i64, keys.len() as i64];
+            // The number of calls, a place for the count of keys carried, then each call.
+            let mut numbers = vec![checks.len() as i64, 0];
             for check in &checks {
                 script::push_call(
                     &[check],
@@ -205,12 +205,13 @@ async fn a_batch_over_slots_with_a_key_its_node_does_not_serve_changes_nothing()
                     &mut numbers,
                 );
             }
+            let packed = script::pack(&keys, &numbers, true).expect("arguments match the keys");
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(script::SOURCE)
                 .arg(1)
-                .arg(&keys[0])
-                .arg(script::pack_numbers(&numbers))
-                .arg(&keys);
+                .arg(packed.keys[0])
+                .arg(&packed.numbers)
+                .arg(&packed.keys);
             cmd.query_async::<redis::Value>(&mut conn).await
         }
     };

@@ -475,11 +475,12 @@ async fn one_script_call(
             &mut args,
         );
     }
+    let packed = script::pack(&keys, &args, false).expect("arguments match the keys");
     let reply: redis::Value = redis::cmd("EVAL")
         .arg(script::SOURCE)
-        .arg(keys.len())
-        .arg(&keys)
-        .arg(script::pack_numbers(&args))
+        .arg(packed.keys.len())
+        .arg(&packed.keys)
+        .arg(&packed.numbers)
         .query_async(conn)
         .await
         .expect("the script runs");

@@ -96,11 +96,71 @@ impl ScriptClock {
 /// answer (the call's charges tried in order on copies), nothing written.
 pub const LOOK_ALL: i64 = 3;
 
-/// The script's numbers as it reads them (ARGV[1]): each a big-endian signed 64-bit integer.
-/// One binary argument instead of one decimal string per number: parsing those was the largest
-/// part of the script's cost per check (BENCHMARKS.md, "The script's cost").
-pub fn pack_numbers(numbers: &[i64]) -> Vec<u8> {
-    numbers.iter().flat_map(|n| n.to_be_bytes()).collect()
+/// What the script is sent for a script call: its keys, each once, and its numbers as one
+/// binary argument (ARGV[1]).
+#[derive(Debug)]
+pub struct Packed<'a> {
+    pub keys: Vec<&'a str>,
+    pub numbers: Vec<u8>,
+}
+
+/// Packs a script call's `args` (the call count, a zero, then each call as `push_call` writes it)
+/// with `keys` (one per check, in order): every key once, in the order first named, and each
+/// check's numbers followed by where its key is among them (from 1); the second number the count
+/// of keys when `carried` (they go in ARGV, not KEYS). Each number is a big-endian signed 64-bit
+/// integer: one binary argument instead of a decimal string per number, and a hot key once
+/// instead of once per call, were most of the script's cost per check (BENCHMARKS.md, "The
+/// script's cost"). Arguments that do not match the keys are a protocol error.
+pub fn pack<'a>(keys: &'a [String], args: &[i64], carried: bool) -> Result<Packed<'a>, StoreError> {
+    let mismatch = || protocol("the script's arguments do not match its keys");
+    let [calls, _, all @ ..] = args else {
+        return Err(mismatch());
+    };
+    let mut rest: &[i64] = all;
+    let mut distinct: Vec<&str> = Vec::new();
+    let mut seen: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    let mut numbers = Vec::with_capacity(8 * (args.len() + keys.len()));
+    fn put(n: i64, numbers: &mut Vec<u8>) {
+        numbers.extend_from_slice(&n.to_be_bytes());
+    }
+    put(*calls, &mut numbers);
+    // The carried count is known once the keys are.
+    put(0, &mut numbers);
+    let mut keys_left = keys.iter();
+    for _ in 0..*calls {
+        let &[clock, deadline, mode, count, ref after @ ..] = rest else {
+            return Err(mismatch());
+        };
+        let count = usize::try_from(count).map_err(|_| mismatch())?;
+        for n in [clock, deadline, mode, count as i64] {
+            put(n, &mut numbers);
+        }
+        if after.len() < count * ARGS_PER_KEY {
+            return Err(mismatch());
+        }
+        for check in after[..count * ARGS_PER_KEY].chunks(ARGS_PER_KEY) {
+            let key = keys_left.next().ok_or_else(mismatch)?;
+            let at = *seen.entry(key.as_str()).or_insert_with(|| {
+                distinct.push(key.as_str());
+                distinct.len() as i64
+            });
+            for n in check {
+                put(*n, &mut numbers);
+            }
+            put(at, &mut numbers);
+        }
+        rest = &after[count * ARGS_PER_KEY..];
+    }
+    if !rest.is_empty() || keys_left.next().is_some() {
+        return Err(mismatch());
+    }
+    if carried {
+        numbers[8..16].copy_from_slice(&(distinct.len() as i64).to_be_bytes());
+    }
+    Ok(Packed {
+        keys: distinct,
+        numbers,
+    })
 }
 
 /// Pushes one call as the script reads it: its clock, its deadline on Redis' clock (µs, 0 for

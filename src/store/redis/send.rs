@@ -46,20 +46,27 @@ pub(super) async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
     route: &Route,
     cross_slot: bool,
 ) -> Result<Value, RedisError> {
+    let packed = match script::pack(keys, args, cross_slot) {
+        Ok(packed) => packed,
+        Err(e) => {
+            return Err(RedisError::from((
+                ErrorKind::Client,
+                "portcullis",
+                e.to_string(),
+            )));
+        }
+    };
     let build = |verb: &str, body: &str| {
         let mut cmd = redis::cmd(verb);
         cmd.arg(body);
-        match (cross_slot, keys.first(), args) {
-            (true, Some(first), [calls, _, rest @ ..]) => {
-                let carried = i64::try_from(keys.len()).unwrap_or(i64::MAX);
-                let mut numbers = script::pack_numbers(&[*calls, carried]);
-                numbers.extend(script::pack_numbers(rest));
-                cmd.arg(1).arg(first).arg(numbers).arg(keys);
+        match (cross_slot, packed.keys.first()) {
+            (true, Some(first)) => {
+                cmd.arg(1).arg(first).arg(&packed.numbers).arg(&packed.keys);
             }
             _ => {
-                cmd.arg(keys.len())
-                    .arg(keys)
-                    .arg(script::pack_numbers(args));
+                cmd.arg(packed.keys.len())
+                    .arg(&packed.keys)
+                    .arg(&packed.numbers);
             }
         }
         cmd
