@@ -711,7 +711,11 @@ fn print_comparison(rows: &[Row]) {
             if values.len() == 1 {
                 format!("{median:.2}")
             } else {
-                format!("{median:.2} ({:.2}–{:.2})", values[0], values[values.len() - 1])
+                format!(
+                    "{median:.2} ({:.2}–{:.2})",
+                    values[0],
+                    values[values.len() - 1]
+                )
             }
         };
         println!(

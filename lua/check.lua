@@ -33,12 +33,12 @@
 --       sliding window's 1, 11, 21 whose new keys are made as hashes, 0.1.0's layout; 4 a
 --       blocked descriptor, refused), five numbers whose meaning is the operation's (see
 --       `run`), and where its key is in KEYS (or in the carried keys), from 1.
--- Returns one array of integers (Redis turns it into RESP without a string per key): the node's
--- clock in microseconds when the script read TIME, else 0 (every reply, even one whose calls all
--- expired, tells Portcullis this node's clock); then per call its number of keys and per key
--- either its reply's length and its numbers (common.lua's `reply`, as each algorithm function
--- documents) or, for a key Redis could not decide or write (a write refused for memory, a key of
--- another type), the error as a string. Such an error fails only the keys it concerns (every key
+-- Returns numbers, as one binary string of big-endian 64-bit integers when every key was decided,
+-- else as an array of integers and strings: the node's clock in microseconds when the script
+-- read TIME, else 0 (every reply, even one whose calls all expired, tells Portcullis this node's
+-- clock); then per call its number of keys and per key either its reply's length and its numbers
+-- (common.lua's `reply`, as each algorithm function documents) or, for a key Redis could not
+-- decide or write (a write refused for memory, a key of another type), the error as a string. Such an error fails only the keys it concerns (every key
 -- of an all-or-nothing call): the other calls' answers stand, refusals included, and what they
 -- admitted is written. READONLY (a demoted master: no write can have happened) ends the script
 -- call as an error, for Cluster to follow.
@@ -310,7 +310,18 @@ end
 flush_all()
 if fatal ~= nil then return redis.error_reply(fatal) end
 out[1] = redis_now or 0
-if next(failed) == nil then return out end
+if next(failed) == nil then
+  -- Every key decided: the numbers as one binary string (big-endian 64-bit), packed by Redis'
+  -- `struct` a few hundred at a time (each goes on Lua's stack): Portcullis reads them without
+  -- parsing a RESP integer each.
+  local parts = {}
+  for first = 1, #out, 256 do
+    local last = math.min(first + 255, #out)
+    local format = '>' .. string.rep('i8', last - first + 1)
+    parts[#parts + 1] = struct.pack(format, unpack(out, first, last))
+  end
+  return table.concat(parts)
+end
 
 -- Some keys failed after they were answered (a write refused), or a whole call did: the reply
 -- is written again with each failed key's error in its place.

@@ -9,11 +9,10 @@ end
 
 
 -- Where replies go: check.lua points `sink` at the script's reply (a flat array of integers,
--- which Redis turns into a RESP array without a string per key: making one string per key was a
--- fifth of the script's cost per check) or at an all-or-nothing call's look, and `sink_n` is
--- its length. A key's reply is its numbers, as each algorithm function documents:
--- reply(allowed, now, a, b) and, for a refusal's live sub-windows, reply_pair(index, count).
--- Every number is an integer below 2^53, exact in a double and in Redis' conversion.
+-- sent as one binary string: making a decimal string per key was a fifth of the script's cost
+-- per check) or at an all-or-nothing call's look, and `sink_n` is its length. A key's reply is
+-- its numbers, as each algorithm function documents: reply(allowed, now, a, b) and, for a
+-- refusal's live sub-windows, reply_pair(index, count). Every number is an integer below 2^53.
 local sink, sink_n = {}, 0
 local function reply(allowed, now, a, b)
   local n = sink_n

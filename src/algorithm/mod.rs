@@ -165,6 +165,14 @@ impl State {
             Algorithm::FixedWindow => State::Fixed(Default::default()),
         }
     }
+
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            State::Sliding(_) => Algorithm::SlidingWindow,
+            State::Bucket(_) => Algorithm::TokenBucket,
+            State::Fixed(_) => Algorithm::FixedWindow,
+        }
+    }
 }
 
 /// The result of running one check against a state: the decision, and how long the state must
@@ -179,7 +187,8 @@ pub struct Outcome {
 /// updating it when the hits are admitted.
 pub fn apply(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
     if limit.requests == 0 {
-        *state = State::empty(limit.algorithm);
+        // The counter stays as it is for when the limit comes back (a reload, a reservation
+        // that ends): forgetting it would hand its spent budget out again.
         return Outcome {
             decision: zero_limit_decision(hits),
             keep_for_us: 0,
@@ -202,7 +211,7 @@ pub fn apply(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcom
 /// always allowed, with what can be spent now.
 pub fn refund(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
     if limit.requests == 0 {
-        *state = State::empty(limit.algorithm);
+        // Nothing is given back to a counter kept for when the limit comes back.
         return Outcome {
             decision: zero_limit_decision(0),
             keep_for_us: 0,
@@ -228,6 +237,9 @@ pub fn refund(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outco
 pub fn charge_post_paid(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
     // Envoy's hits_addend is 32 bits; the script takes no more.
     let hits = hits.min(u64::from(u32::MAX));
+    if limit.requests == 0 {
+        return record_at_zero(state, now_us, limit, hits);
+    }
     let outcome = apply(state, now_us, limit, hits);
     if outcome.decision.allowed || hits == 0 || limit.requests == 0 {
         return outcome;
@@ -236,6 +248,47 @@ pub fn charge_post_paid(state: &mut State, now_us: u64, limit: &Limit, hits: u64
         State::Sliding(s) => sliding_window::record(s, now_us, limit, hits),
         State::Bucket(s) => token_bucket::record(s, now_us, limit, hits),
         State::Fixed(s) => fixed_window::record(s, now_us, limit, hits),
+    }
+}
+
+/// Whether a check on a zero limit changes its counter: only post-paid hits on a window
+/// (consumption that happened is recorded for when the limit comes back); a token bucket has no
+/// rate to record them at, and a charge or a refund leaves the counter as it is.
+pub fn records_at_zero(check: &Check) -> bool {
+    check.limit.requests == 0
+        && check.post_paid
+        && !check.refund
+        && check.hits > 0
+        && check.limit.algorithm != Algorithm::TokenBucket
+}
+
+/// Post-paid hits on a zero limit: recorded in a window's counter (moved to now first), answered
+/// as a zero limit is; nothing on a token bucket.
+fn record_at_zero(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    let zero = Outcome {
+        decision: zero_limit_decision(hits),
+        keep_for_us: 0,
+    };
+    if hits == 0 || limit.algorithm == Algorithm::TokenBucket {
+        return zero;
+    }
+    if state.algorithm() != limit.algorithm {
+        *state = State::empty(limit.algorithm);
+    }
+    let recorded = match state {
+        State::Sliding(s) => {
+            sliding_window::check(s, now_us, limit, 0);
+            sliding_window::record(s, now_us, limit, hits)
+        }
+        State::Fixed(s) => {
+            fixed_window::check(s, now_us, limit, 0);
+            fixed_window::record(s, now_us, limit, hits)
+        }
+        State::Bucket(_) => return zero,
+    };
+    Outcome {
+        keep_for_us: recorded.keep_for_us,
+        ..zero
     }
 }
 

@@ -249,7 +249,9 @@ impl MemoryStore {
         // or advancing it would forget spending that a clock stepping back makes count again.
         // Post-paid hits are recorded refused or not.
         let recorded = outcome.decision.allowed || check.post_paid;
-        let changes = commit && recorded && (check.refund || check.hits > 0);
+        // A zero limit keeps its counter as it is, but for post-paid hits on a window.
+        let kept = check.limit.requests == 0 && !algorithm::records_at_zero(check);
+        let changes = commit && recorded && (check.refund || check.hits > 0) && !kept;
         if !changes {
             return Ok(outcome.decision);
         }

@@ -127,12 +127,15 @@ impl RedisStore {
         deadline: Instant,
         mode: ChargeMode,
     ) -> Answers {
-        // A zero limit refuses all but check-only calls and keeps no state: no need to ask Redis,
-        // except in an all-or-nothing call, where a blocked descriptor (refusing hits) goes to
+        // A zero limit refuses all but check-only calls and leaves its counter as it is: no need
+        // to ask Redis, except for post-paid hits on a window (recorded for when the limit comes
+        // back, `algorithm::records_at_zero`) and in an all-or-nothing call, where a blocked descriptor (refusing hits) goes to
         // the script as a charge that always fails (nothing read or written): the call is then
         // decided in one step, in order, refunds and post-paid charges still applying.
         let sent = |c: &Check| {
-            c.limit.requests > 0 || (mode == ChargeMode::AllOrNothing && !c.refund && c.hits > 0)
+            c.limit.requests > 0
+                || (mode == ChargeMode::AllOrNothing && !c.refund && c.hits > 0)
+                || (mode != ChargeMode::Probe && crate::algorithm::records_at_zero(c))
         };
         let counted: Vec<&Check> = checks.iter().filter(|c| sent(c)).collect();
         // Refunds and post-paid charges only: consumption that happened, delivered even after the

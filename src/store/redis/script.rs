@@ -196,7 +196,7 @@ pub fn push_args(check: &Check, args: &mut Vec<i64>) {
     };
     let op = |base: i64| if post_paid { base + POST_PAID_OP } else { base };
     let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    if limit.requests == 0 {
+    if limit.requests == 0 && !crate::algorithm::records_at_zero(check) {
         // A blocked descriptor in an all-or-nothing call: refused, nothing read or written.
         args.extend([BLOCKED_OP, 0, 0, 0, 0, 0]);
         return;
@@ -283,22 +283,45 @@ pub type KeyReply = Result<Vec<u64>, StoreError>;
 /// The script's reply, split: one entry per call, holding one entry per key.
 pub type Replies = Vec<Vec<KeyReply>>;
 
-/// Splits the script's reply (an array: the node's clock or 0, then per call its key count and
-/// per key its numbers' count and numbers, or the error Redis met on it as a string; see
-/// `lua/check.lua`) into numbers; anything else is a protocol error, never a panic.
+/// Splits the script's reply into numbers: the node's clock or 0, then per call its key count
+/// and per key its numbers' count and numbers. As one binary string of big-endian 64-bit
+/// integers (every key decided: no decimal text to parse, here or in redis-rs), or as an array
+/// where a key Redis failed is the error it met, as a string (see `lua/check.lua`). Anything
+/// else is a protocol error, never a panic.
 pub fn parse_reply(value: &Value) -> Result<Replies, StoreError> {
     parse_reply_with_clock(value).map(|(_, calls)| calls)
+}
+
+/// One entry of the script's reply.
+enum Item<'a> {
+    Int(i64),
+    Text(std::borrow::Cow<'a, str>),
+    Other(&'a Value),
+}
+
+fn items(value: &Value) -> Result<Box<dyn Iterator<Item = Item<'_>> + '_>, StoreError> {
+    match value {
+        Value::BulkString(bytes) if bytes.len() % 8 == 0 => {
+            Ok(Box::new(bytes.chunks_exact(8).map(|b| {
+                Item::Int(i64::from_be_bytes(b.try_into().unwrap_or_default()))
+            })))
+        }
+        Value::Array(values) => Ok(Box::new(values.iter().map(|v| match v {
+            Value::Int(n) => Item::Int(*n),
+            Value::BulkString(text) => Item::Text(String::from_utf8_lossy(text)),
+            Value::SimpleString(text) => Item::Text(text.as_str().into()),
+            other => Item::Other(other),
+        }))),
+        other => Err(protocol(format!(
+            "expected the script's numbers, got {other:?}"
+        ))),
+    }
 }
 
 /// `parse_reply`, and the node's clock in µs when the script read `TIME`: every reply tells the
 /// node's clock, even one whose calls all expired.
 pub fn parse_reply_with_clock(value: &Value) -> Result<(Option<u64>, Replies), StoreError> {
-    let Value::Array(items) = value else {
-        return Err(protocol(format!(
-            "expected the script's array reply, got {value:?}"
-        )));
-    };
-    let mut items = items.iter();
+    let mut items = items(value)?;
     let clock = match items.next() {
         Some(first) => Some(number(first)?).filter(|&c| c > 0),
         None => return Err(protocol("the script's reply is empty")),
@@ -309,8 +332,8 @@ pub fn parse_reply_with_clock(value: &Value) -> Result<(Option<u64>, Replies), S
         let mut keys = Vec::with_capacity(usize::try_from(count).unwrap_or(0).min(1024));
         for _ in 0..count {
             let entry = match items.next() {
-                Some(Value::Int(size)) => {
-                    let size = usize::try_from(*size)
+                Some(Item::Int(size)) => {
+                    let size = usize::try_from(size)
                         .map_err(|_| protocol(format!("a negative length {size}")))?;
                     let mut numbers = Vec::with_capacity(size.min(256));
                     for _ in 0..size {
@@ -321,9 +344,8 @@ pub fn parse_reply_with_clock(value: &Value) -> Result<(Option<u64>, Replies), S
                     }
                     Ok(numbers)
                 }
-                Some(Value::BulkString(text)) => Err(key_error(&String::from_utf8_lossy(text))),
-                Some(Value::SimpleString(text)) => Err(key_error(text)),
-                Some(other) => {
+                Some(Item::Text(text)) => Err(key_error(&text)),
+                Some(Item::Other(other)) => {
                     return Err(protocol(format!(
                         "unexpected {other:?} in the script's reply"
                     )));
@@ -361,11 +383,14 @@ pub fn key_error(text: &str) -> StoreError {
     }
 }
 
-fn number(value: &Value) -> Result<u64, StoreError> {
-    match value {
-        Value::Int(n) => u64::try_from(*n)
+fn number(item: Item<'_>) -> Result<u64, StoreError> {
+    match item {
+        Item::Int(n) => u64::try_from(n)
             .map_err(|_| protocol(format!("a negative number {n} in the script's reply"))),
-        other => Err(protocol(format!(
+        Item::Text(text) => Err(protocol(format!(
+            "not a number in the script's reply: {text:?}"
+        ))),
+        Item::Other(other) => Err(protocol(format!(
             "not a number in the script's reply: {other:?}"
         ))),
     }

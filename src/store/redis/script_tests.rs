@@ -179,3 +179,32 @@ fn a_key_named_by_several_checks_is_sent_once_and_each_check_says_where_it_is() 
     extra.push(7);
     assert!(pack(&keys, &extra, false).is_err());
 }
+
+#[test]
+fn a_binary_reply_reads_as_the_same_numbers() {
+    let numbers: [i64; 8] = [
+        1_700_000_000_123_456,
+        1,
+        4,
+        1,
+        1_700_000_000_123_456,
+        3,
+        7,
+        0,
+    ];
+    let bytes: Vec<u8> = numbers.iter().flat_map(|n| n.to_be_bytes()).collect();
+    let (clock, calls) = parse_reply_with_clock(&Value::BulkString(bytes.clone())).unwrap();
+    assert_eq!(clock, Some(1_700_000_000_123_456));
+    // The trailing 0: a second call with no keys.
+    assert_eq!(
+        calls,
+        vec![vec![Ok(vec![1, 1_700_000_000_123_456, 3, 7])], vec![]]
+    );
+    // Not a whole number of integers, or a length past the end: a protocol error.
+    for broken in [&bytes[..bytes.len() - 1], &bytes[..40]] {
+        assert!(matches!(
+            parse_reply(&Value::BulkString(broken.to_vec())),
+            Err(StoreError::Protocol(_))
+        ));
+    }
+}
