@@ -14,6 +14,7 @@
 //!   cargo bench --bench load                       every store and scenario, 8 s each
 //!   cargo bench --bench load -- --seconds 3 --only memory,standalone --scenario "fixed window"
 //!   cargo bench --bench load -- --compare 641ff13=/path/to/old/portcullis
+//!   cargo bench --bench load -- --generator h2load    h2load drives the unpaced rows
 //!   cargo test --bench load                        a short smoke run (checks it works)
 //!
 //! `--compare LABEL=PATH` (repeatable) runs another build of `portcullis` beside this one, each on
@@ -24,6 +25,8 @@
 
 #[path = "support/cpu.rs"]
 mod cpu;
+#[path = "support/h2load.rs"]
+mod h2load;
 #[path = "../tests/common/redis.rs"]
 mod harness;
 
@@ -169,6 +172,8 @@ struct Options {
     binaries: Vec<(String, PathBuf)>,
     /// How many times each scenario is measured, the builds in turn each time.
     rounds: usize,
+    /// `--generator h2load`: h2load drives the unpaced rows of one request shape.
+    h2load: bool,
 }
 
 /// This build, then every `--compare LABEL=PATH`.
@@ -219,6 +224,11 @@ impl Options {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1)
                 .max(1),
+            h2load: match value("--generator").as_deref() {
+                None | Some("tonic") => false,
+                Some("h2load") => true,
+                Some(other) => panic!("--generator {other:?}: tonic or h2load"),
+            },
         }
     }
 
@@ -508,6 +518,9 @@ async fn measure(
     options: &Options,
     rate: Option<f64>,
 ) -> Row {
+    if options.h2load && rate.is_none() && !matches!(scenario, Scenario::ManyKeys(_)) {
+        return measure_h2load(target, scenario, options);
+    }
     let channels = connect(target.server.grpc, options.connections).await;
     // Warm up: connections made, scripts loaded, allocator settled.
     let warm = Duration::from_secs_f64((options.seconds / 8.0).clamp(0.1, 1.0));
@@ -588,6 +601,90 @@ async fn measure(
     }
 }
 
+/// One unpaced run driven by h2load: its answers are checked by the service's counters (h2load
+/// sees only HTTP statuses), and the decisions are the calls the service counted.
+fn measure_h2load(target: &Target<'_>, scenario: Scenario, options: &Options) -> Row {
+    use prost::Message;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let body = h2load::frame(&scenario.request(0).encode_to_vec());
+    let path = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+    let go = |seconds: f64| {
+        let grpc = target.server.grpc;
+        let (c, m) = (options.connections, options.streams);
+        h2load::run(dir.path(), grpc, path, &body, seconds, c, m)
+    };
+    let _ = go((options.seconds / 8.0).clamp(1.0, 2.0));
+    let metrics_before = target.server.admin.map(|a| http_get(a, "/metrics"));
+    let cpu_before = target.server.cpu_seconds();
+    let redis_before = script_stats(&target.redis_ports);
+    let run = go(options.seconds);
+    let cpu = target.server.cpu_seconds() - cpu_before;
+    let redis_after = script_stats(&target.redis_ports);
+    let mut problems = Vec::new();
+    if run.failed > 0 {
+        problems.push(format!("{} requests failed or errored", run.failed));
+    }
+    // The service also answers calls h2load stops waiting for at its deadline: at most what
+    // was in flight.
+    let in_flight = (options.connections * options.streams) as f64;
+    let mut calls = run.succeeded as f64;
+    if let (Some(before), Some(admin)) = (metrics_before, target.server.admin) {
+        let after = http_get(admin, "/metrics");
+        let delta =
+            |name: &str, with: &str| metric(&after, name, with) - metric(&before, name, with);
+        calls = delta("portcullis_grpc_calls_total", "");
+        if calls < run.succeeded as f64 || calls > run.succeeded as f64 + in_flight {
+            problems.push(format!(
+                "the service counted {calls} calls, h2load {} answered",
+                run.succeeded
+            ));
+        }
+        let hits = delta("portcullis_rule_hits_total", "domain=\"bench\"");
+        let want = calls * scenario.descriptors() as f64;
+        let (right, name) = match scenario {
+            Scenario::Denied => ("portcullis_rule_over_limit_total", "refused"),
+            _ => ("portcullis_rule_within_limit_total", "admitted"),
+        };
+        let answered = delta(right, "domain=\"bench\"");
+        if hits != want || answered != want {
+            problems.push(format!(
+                "the service counted {hits} rule hits and {answered} {name}, want {want}"
+            ));
+        }
+        let failure_mode = delta("portcullis_failure_mode_answers_total", "");
+        if failure_mode > 0.0 {
+            problems.push(format!("{failure_mode} answers by the failure mode"));
+        }
+    }
+    let decisions = calls.max(1.0);
+    let (redis_us, redis_us_per_script) = if target.redis_ports.is_empty() {
+        (None, None)
+    } else {
+        let usec = redis_after.1 - redis_before.1;
+        let scripts = (redis_after.0 - redis_before.0).max(1.0);
+        (Some(usec / decisions), Some(usec / scripts))
+    };
+    Row {
+        binary: target.binary.into(),
+        round: 0,
+        store: target.name.into(),
+        scenario: scenario.label(),
+        decisions_per_s: calls / run.seconds,
+        // h2load gives a mean, no percentiles.
+        p50: run.mean_ms,
+        p99: f64::NAN,
+        p999: f64::NAN,
+        server_us: cpu * 1e6 / decisions,
+        redis_us,
+        redis_us_per_script,
+        check: if problems.is_empty() {
+            "ok".into()
+        } else {
+            problems.join("; ")
+        },
+    }
+}
+
 /// `redis-benchmark` EVALSHA of the minimal script on its own Redis: (calls/s, µs per call).
 fn redis_ceiling(options: &Options) -> (f64, f64) {
     let redis = RedisServer::start();
@@ -618,7 +715,7 @@ fn redis_ceiling(options: &Options) -> (f64, f64) {
     (rps, usec / calls)
 }
 
-fn print(rows: &[Row], null: &Row, ceiling: (f64, f64)) {
+fn print(rows: &[Row], null: &Row, ceiling: (f64, f64), generator_is_h2load: bool) {
     println!();
     println!(
         "Redis ceiling: redis-benchmark EVALSHA of a minimal GCRA script, {:.0} calls/s, {:.2} µs of Redis CPU per call",
@@ -628,6 +725,11 @@ fn print(rows: &[Row], null: &Row, ceiling: (f64, f64)) {
         "gRPC ceiling: a null tonic server, {:.0} calls/s, {:.1} µs of server CPU per call",
         null.decisions_per_s, null.server_us
     );
+    if generator_is_h2load {
+        println!(
+            "Generator: h2load for the unpaced rows of one request shape (p50 holds h2load's mean; no percentiles), tonic for the rest"
+        );
+    }
     println!();
     // × memory: against the same build's memory store on one descriptor.
     let memory_one = |binary: &str| {
@@ -912,7 +1014,7 @@ fn main() {
             }
         }
     }
-    print(&rows, &null_row, ceiling);
+    print(&rows, &null_row, ceiling, options.h2load);
     let failed: Vec<&Row> = rows.iter().filter(|r| r.check != "ok").collect();
     assert!(
         failed.is_empty(),
