@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::process::ServeProcess;
-use common::redis::{RedisServer, cli, free_port};
+use common::redis::{RedisServer, cli, free_port, plain_config};
 use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::clock::ManualClock;
 use portcullis::pb::RateLimitServiceClient;
 use portcullis::pb::rate_limit_response::Code;
+use portcullis::store::redis::Topology;
 use portcullis::store::split::SplitStore;
-use portcullis::store::{MemoryStore, Store};
+use portcullis::store::{MemoryStore, RedisStore, Store};
 
 const RULES: &str = r#"
 domain: edge
@@ -150,4 +151,93 @@ async fn all_or_nothing_across_the_two_stores_charges_a_refused_call_nothing() {
         .await;
     assert_eq!(answers[0].as_ref().unwrap().limit, 1);
     assert_eq!(answers[1].as_ref().unwrap().limit, 10);
+}
+
+async fn redis_store(redis: &RedisServer, prefix: &str) -> RedisStore {
+    let config = plain_config(Topology::Standalone(redis.url()), 2);
+    let store = RedisStore::new(&config, prefix, Default::default()).unwrap();
+    store
+        .probe(Duration::from_secs(10))
+        .await
+        .expect("Redis usable");
+    store
+}
+
+/// Redis' clock at `port`: (seconds, microseconds).
+fn redis_time(port: u16) -> (u64, u64) {
+    let out = cli(port, &["TIME"]);
+    let mut parts = out.lines().filter_map(|l| l.trim().parse::<u64>().ok());
+    (parts.next().unwrap(), parts.next().unwrap())
+}
+
+/// REDIS_PERSECOND's give-back lands in the second its charge was made in. A call charges the
+/// per-second Redis in second S, then the main Redis (paused) refuses it after S has ended; the
+/// next second meanwhile spends its whole limit. The give-back must not credit that second: the
+/// eleventh hit of ten a second is refused. (It was credited, and admitted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_after_its_second_ended_does_not_credit_the_next_second() {
+    let (main, fast) = (RedisServer::start(), RedisServer::start());
+    let fast_store = redis_store(&fast, "ps:").await;
+    let split = Arc::new(SplitStore::new(
+        Box::new(redis_store(&main, "ps:").await),
+        Box::new(fast_store.clone()),
+    ));
+    let mut burst = check("burst", 1_000_000, 10);
+    burst.limit.algorithm = Algorithm::FixedWindow;
+    let hourly = check("user", 3_600_000_000, 1);
+    let wait = || tokio::time::Instant::now() + Duration::from_secs(5);
+    let spent = split
+        .check(std::slice::from_ref(&hourly), wait(), ChargeMode::EachAlone)
+        .await;
+    assert!(spent[0].as_ref().unwrap().allowed);
+
+    // Start early in a second of the per-second Redis' clock.
+    let started = std::time::Instant::now();
+    while redis_time(fast.port).1 > 100_000 {
+        assert!(started.elapsed() < Duration::from_secs(3), "Redis' clock");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = redis_time(fast.port).0;
+    pause(main.port, 1_300);
+    let call = {
+        let (split, call) = (split.clone(), [burst.clone(), hourly.clone()]);
+        tokio::spawn(async move { split.check(&call, wait(), ChargeMode::AllOrNothing).await })
+    };
+    while redis_time(fast.port).0 == second {
+        assert!(started.elapsed() < Duration::from_secs(3), "Redis' clock");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for n in 0..10 {
+        let answer = fast_store
+            .check(std::slice::from_ref(&burst), wait(), ChargeMode::EachAlone)
+            .await;
+        assert!(
+            answer[0].as_ref().unwrap().allowed,
+            "hit {n} of the next second"
+        );
+    }
+    let answers = call.await.unwrap();
+    assert!(
+        !answers[1].as_ref().unwrap().allowed,
+        "the hourly limit refuses"
+    );
+    let eleventh = fast_store
+        .check(std::slice::from_ref(&burst), wait(), ChargeMode::Probe)
+        .await;
+    assert_eq!(
+        redis_time(fast.port).0,
+        second + 1,
+        "the test ran past the second it measures"
+    );
+    assert!(
+        !eleventh[0].as_ref().unwrap().allowed,
+        "the next second was credited with a hit charged in the one before"
+    );
+}
+
+fn pause(port: u16, ms: u64) {
+    assert_eq!(
+        cli(port, &["CLIENT", "PAUSE", &ms.to_string(), "ALL"]),
+        "OK"
+    );
 }

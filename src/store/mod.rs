@@ -73,6 +73,16 @@ pub trait Store: Send + Sync + 'static {
         mode: ChargeMode,
     ) -> StoreFuture<'a>;
 
+    /// Gives back `refunds` (hits this store charged a moment ago for a call another store then
+    /// refused) only into the window they were charged in, which ends at `window_ends`: a
+    /// give-back reaching the store after that is not applied (that window's budget is back
+    /// anyway; a later window must not be credited). Answers as `check` does; one not applied
+    /// is an error. A store that decides in this process applies it at once, with no delay in
+    /// which a window could turn.
+    fn give_back<'a>(&'a self, refunds: &'a [Check], window_ends: Instant) -> StoreFuture<'a> {
+        self.check(refunds, window_ends, ChargeMode::EachAlone)
+    }
+
     /// A short name for logs and metrics.
     fn name(&self) -> &'static str;
 

@@ -12,7 +12,7 @@
 use tokio::time::Instant;
 
 use super::{Answers, FactorsFuture, PingFuture, Store, StoreError, StoreFuture, in_call_order};
-use crate::algorithm::{ChargeMode, Check};
+use crate::algorithm::{Algorithm, ChargeMode, Check};
 
 /// The window of a per-second limit.
 const SECOND_US: u64 = 1_000_000;
@@ -67,6 +67,7 @@ impl SplitStore {
                 .zip(answers)
                 .any(|(c, a)| !c.refund && !a.as_ref().is_ok_and(|d| d.allowed))
         };
+        let sent_at = Instant::now();
         let first = self
             .per_second
             .check(fast, deadline, ChargeMode::AllOrNothing)
@@ -82,25 +83,65 @@ impl SplitStore {
             .check(slow, deadline, ChargeMode::AllOrNothing)
             .await;
         if refused(slow, &second) {
-            let back: Vec<Check> = fast
-                .iter()
-                .filter(|c| !c.refund && !c.post_paid && c.hits > 0)
-                .map(|c| Check {
-                    refund: true,
-                    ..c.clone()
-                })
-                .collect();
-            for answer in self
-                .per_second
-                .check(&back, deadline, ChargeMode::EachAlone)
-                .await
-            {
-                if let Err(error) = answer {
-                    tracing::warn!(%error, "a per-second charge of a refused call could not be given back");
-                }
-            }
+            self.give_back(fast, &first, sent_at, deadline).await;
         }
         (first, second)
+    }
+
+    /// Gives back what the first step charged for a call the second refused. A fixed window's
+    /// hits go back only into the second they were charged in (`Store::give_back`, until that
+    /// window's end as the charge's answer told it, counted from before the charge was sent, so
+    /// never later than the truth): after it, the next second must not be credited. The other
+    /// algorithms' refunds apply whenever they arrive (a token bucket's is exact at any time; a
+    /// sliding window takes from its newest sub-windows, as every refund does).
+    async fn give_back(
+        &self,
+        fast: &[Check],
+        charged: &Answers,
+        sent_at: Instant,
+        deadline: Instant,
+    ) {
+        let mut fixed = Vec::new();
+        let mut other = Vec::new();
+        let mut window_ends: Option<Instant> = None;
+        for (check, answer) in fast.iter().zip(charged) {
+            if check.refund || check.post_paid || check.hits == 0 {
+                continue;
+            }
+            let back = Check {
+                refund: true,
+                ..check.clone()
+            };
+            match (check.limit.algorithm, answer) {
+                (Algorithm::FixedWindow, Ok(decision)) => {
+                    let ends = sent_at + decision.reset_after;
+                    window_ends = Some(window_ends.map_or(ends, |w| w.min(ends)));
+                    fixed.push(back);
+                }
+                _ => other.push(back),
+            }
+        }
+        let window_ends = window_ends.unwrap_or(sent_at);
+        let (fixed_answers, other_answers) = futures_util::future::join(
+            self.per_second.give_back(&fixed, window_ends),
+            self.per_second
+                .check(&other, deadline, ChargeMode::EachAlone),
+        )
+        .await;
+        for answer in fixed_answers {
+            match answer {
+                Err(error) if Instant::now() < window_ends => tracing::warn!(
+                    %error,
+                    "a per-second charge of a refused call could not be given back"
+                ),
+                // Its second is over: that budget came back with the next second.
+                Err(error) => tracing::debug!(%error, "a give-back missed its second"),
+                Ok(_) => {}
+            }
+        }
+        for error in other_answers.into_iter().filter_map(Result::err) {
+            tracing::warn!(%error, "a per-second charge of a refused call could not be given back");
+        }
     }
 
     /// Refunds and post-paid charges applied, the other checks only looked at.
