@@ -68,19 +68,6 @@ async fn run_budget(g: &Gateway, grpc_port: u16) -> Vec<u16> {
     statuses
 }
 
-/// Waits past the top of the hour if it is under 20 s away, so that the Go service's fixed hour
-/// window cannot turn over in the middle of a test.
-fn clear_of_hour_boundary() {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let left = 3600 - now % 3600;
-    if left < 20 {
-        std::thread::sleep(Duration::from_secs(left + 1));
-    }
-}
-
 fn rules_dir(rules: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("llm.yaml"), rules).expect("write rules");
@@ -121,7 +108,7 @@ async fn a_token_budget_charged_at_stream_end_is_enforced_on_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_go_drop_in_mode_counts_every_hit_as_the_go_service_does() {
-    clear_of_hour_boundary();
+    common::clear_of_hour_boundary();
     let redis = RedisServer::start();
     let root = tempfile::tempdir().expect("temp dir");
     let dir = root.path().join("current/ratelimit/config");

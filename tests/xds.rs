@@ -5,168 +5,20 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use common::xds::Harness;
 use common::{START_US, request};
 use portcullis::clock::ManualClock;
 use portcullis::pb::RateLimitServiceClient;
 use portcullis::pb::rate_limit_response::Code;
-use portcullis::pb::xds::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer, DiscoveryRequest,
-    DiscoveryResponse, RULES_TYPE_URL, rules as pb,
-};
+use portcullis::pb::xds::{RULES_TYPE_URL, rules as pb};
 use portcullis::server::{self, Running};
 use portcullis::settings::Settings;
-use prost::Message;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
-
-type Outbound = mpsc::Sender<Result<DiscoveryResponse, Status>>;
-
-/// The control plane: records what the client sends, and sends what the test says on the stream
-/// open at the moment.
-#[derive(Clone)]
-struct ControlPlane {
-    requests: mpsc::UnboundedSender<DiscoveryRequest>,
-    current: Arc<Mutex<Option<Outbound>>>,
-    streams: Arc<Mutex<Vec<tonic::metadata::MetadataMap>>>,
-}
-
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for ControlPlane {
-    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
-
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        self.streams
-            .lock()
-            .unwrap()
-            .push(request.metadata().clone());
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(8);
-        *self.current.lock().unwrap() = Some(tx);
-        let requests = self.requests.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(r)) = inbound.message().await {
-                if requests.send(r).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-struct Harness {
-    plane: ControlPlane,
-    requests: mpsc::UnboundedReceiver<DiscoveryRequest>,
-    addr: std::net::SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Harness {
-    async fn start(tls: Option<tonic::transport::ServerTlsConfig>) -> Harness {
-        Self::start_at(0, tls).await
-    }
-
-    async fn start_at(port: u16, tls: Option<tonic::transport::ServerTlsConfig>) -> Harness {
-        let (tx, requests) = mpsc::unbounded_channel();
-        let plane = ControlPlane {
-            requests: tx,
-            current: Arc::default(),
-            streams: Arc::default(),
-        };
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let mut builder = tonic::transport::Server::builder();
-        if let Some(tls) = tls {
-            builder = builder.tls_config(tls).unwrap();
-        }
-        let router = builder.add_service(AggregatedDiscoveryServiceServer::new(plane.clone()));
-        let task = tokio::spawn(async move {
-            router
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
-                .await
-                .unwrap();
-        });
-        Harness {
-            plane,
-            requests,
-            addr,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    /// The next request from the client (10 s at most).
-    async fn next(&mut self) -> DiscoveryRequest {
-        tokio::time::timeout(Duration::from_secs(10), self.requests.recv())
-            .await
-            .expect("a request from the client within 10 s")
-            .expect("control plane alive")
-    }
-
-    async fn push(&self, version: &str, nonce: &str, configs: &[pb::RateLimitConfig]) {
-        let response = DiscoveryResponse {
-            version_info: version.into(),
-            resources: configs
-                .iter()
-                .map(|c| prost_types::Any {
-                    type_url: RULES_TYPE_URL.into(),
-                    value: c.encode_to_vec(),
-                })
-                .collect(),
-            canary: false,
-            type_url: RULES_TYPE_URL.into(),
-            nonce: nonce.into(),
-        };
-        let tx = self
-            .plane
-            .current
-            .lock()
-            .unwrap()
-            .clone()
-            .expect("a stream");
-        tx.send(Ok(response)).await.expect("stream open");
-    }
-
-    /// Ends the open stream with an error, as a restarting control plane would.
-    async fn break_stream(&self) {
-        let tx = self.plane.current.lock().unwrap().take().expect("a stream");
-        tx.send(Err(Status::unavailable("control plane restarting")))
-            .await
-            .expect("stream open");
-    }
-
-    fn streams(&self) -> usize {
-        self.plane.streams.lock().unwrap().len()
-    }
-
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        // Streams stay open until the client leaves; the task is stopped either way.
-        self.task.abort();
-        let _ = self.task.await;
-    }
-}
 
 /// One domain `eg`, a limit per user of `requests` a minute (or an invalid rule: no unit).
 fn config(requests: u32, valid: bool) -> pb::RateLimitConfig {
@@ -248,7 +100,8 @@ async fn push_update_nack_and_reconnect() {
     assert_eq!(node.id, "envoy-ratelimit");
     assert!(node.metadata.unwrap().fields.contains_key("cluster"));
     assert_eq!(
-        plane.plane.streams.lock().unwrap()[0]
+        plane
+            .stream_metadata(0)
             .get("x-team")
             .map(|v| v.to_str().unwrap().to_owned()),
         Some("edge".into())

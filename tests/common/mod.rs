@@ -197,6 +197,20 @@ pub fn sample(metrics: &str, series: &str) -> f64 {
         .map_or(0.0, |v| v.trim().parse().expect("a number"))
 }
 
+/// Waits past the top of the hour if it is under 20 s away, so that the Go service's fixed hour
+/// window cannot turn over in the middle of a test.
+pub fn clear_of_hour_boundary() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let left = 3600 - now % 3600;
+    if left < 20 {
+        std::thread::sleep(std::time::Duration::from_secs(left + 1));
+    }
+}
+
+pub mod balancer;
 pub mod cli;
 pub mod envoy;
 pub mod process;
@@ -204,6 +218,7 @@ pub mod proxy;
 pub mod redis;
 pub mod rlqs;
 pub mod tls;
+pub mod xds;
 
 /// Sends `calls` copies of `request` at once, spread over `clients` in turn, and counts the
 /// answers with overall code OK.

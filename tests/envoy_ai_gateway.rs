@@ -1,0 +1,261 @@
+//! Envoy AI Gateway's `QuotaPolicy`, with Portcullis in place of its rate limit image: the binary
+//! started as `/bin/ratelimit` with exactly the environment and `args` of the Deployment the AI
+//! Gateway's docs and e2e tests give (hosts and ports moved to loopback), its rules served over
+//! xDS the way its controller serves them (a snapshot for node `envoy-ai-gateway-ratelimit`,
+//! domain `ai-gateway-quota`, `backend_name` -> `model_name_override`, the leaf in quota mode),
+//! behind a real Envoy 1.40 with the ratelimit filter and per-route `rate_limits` its extension
+//! server injects: 1 hit on the request from static values, and at stream end the token count
+//! from dynamic metadata `io.envoy.ai_gateway:quota_cost` (a Lua filter stands in for its
+//! ext_proc, which sets that metadata from the response's usage).
+
+mod common;
+
+use std::time::Duration;
+
+use common::envoy::{self, Envoy};
+use common::process::ServeProcess;
+use common::redis::{RedisServer, free_port};
+use common::xds::Harness;
+use portcullis::pb::RateLimitServiceClient;
+use portcullis::pb::xds::rules as pb;
+
+const NODE_ID: &str = "envoy-ai-gateway-ratelimit";
+const DOMAIN: &str = "ai-gateway-quota";
+const BACKEND: &str = "default/backend-a";
+const MODEL: &str = "model-x";
+/// Tokens a response costs (the upstream's usage).
+const TOKENS: u32 = 40;
+/// The QuotaPolicy's default bucket: `limit: 100, duration: "1h"`.
+const LIMIT: u32 = 100;
+
+/// What the controller's translator builds from a QuotaPolicy with one per-model quota and no
+/// bucket rules: the model's descriptor under its backend's, with the limit and quota mode.
+fn quota_policy_config() -> pb::RateLimitConfig {
+    pb::RateLimitConfig {
+        name: DOMAIN.into(),
+        domain: DOMAIN.into(),
+        descriptors: vec![pb::RateLimitDescriptor {
+            key: "backend_name".into(),
+            value: BACKEND.into(),
+            descriptors: vec![pb::RateLimitDescriptor {
+                key: "model_name_override".into(),
+                value: MODEL.into(),
+                rate_limit: Some(pb::RateLimitPolicy {
+                    unit: pb::RateLimitUnit::Hour as i32,
+                    requests_per_unit: LIMIT,
+                    ..Default::default()
+                }),
+                quota_mode: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+/// Envoy as the AI Gateway's extension server leaves it: the filter named
+/// `envoy.filters.http.ratelimit/ai-gateway-quota` (timeout 5 s, fail open, no
+/// `x-envoy-ratelimited`, draft-03 headers) before the router, the route's `rate_limits` in its
+/// typed_per_filter_config, and the rate limit cluster as STRICT_DNS over HTTP/2.
+fn envoy_config(admin: u16, ingress: u16, app: u16, ratelimit: u16) -> String {
+    format!(
+        r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+    - name: ingress
+      address: {{socket_address: {{address: 127.0.0.1, port_value: {ingress}}}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ingress
+                route_config:
+                  virtual_hosts:
+                    - name: ai
+                      domains: ["*"]
+                      routes:
+                        - match: {{prefix: "/"}}
+                          route: {{cluster: app}}
+                          typed_per_filter_config:
+                            envoy.filters.http.ratelimit/ai-gateway-quota:
+                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                              domain: {DOMAIN}
+                              rate_limits:
+                                - actions:
+                                    - generic_key: {{descriptor_key: backend_name, descriptor_value: "{BACKEND}"}}
+                                    - generic_key: {{descriptor_key: model_name_override, descriptor_value: "{MODEL}"}}
+                                - actions:
+                                    - metadata: {{descriptor_key: backend_name, source: DYNAMIC, metadata_key: {{key: io.envoy.ai_gateway, path: [{{key: ai_service_backend_name}}]}}}}
+                                    - metadata: {{descriptor_key: model_name_override, source: DYNAMIC, metadata_key: {{key: io.envoy.ai_gateway, path: [{{key: model_name_override}}]}}}}
+                                  hits_addend: {{format: "%DYNAMIC_METADATA(io.envoy.ai_gateway:quota_cost)%"}}
+                                  apply_on_stream_done: true
+                http_filters:
+                  - name: envoy.filters.http.lua
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+                      default_source_code:
+                        inline_string: |
+                          function envoy_on_request(handle)
+                            local metadata = handle:streamInfo():dynamicMetadata()
+                            metadata:set("io.envoy.ai_gateway", "ai_service_backend_name", "{BACKEND}")
+                            metadata:set("io.envoy.ai_gateway", "model_name_override", "{MODEL}")
+                          end
+                          function envoy_on_response(handle)
+                            local tokens = tonumber(handle:headers():get("x-usage-tokens"))
+                            if tokens ~= nil then
+                              handle:streamInfo():dynamicMetadata():set("io.envoy.ai_gateway", "quota_cost", tokens)
+                            end
+                          end
+                  - name: envoy.filters.http.ratelimit/ai-gateway-quota
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: {DOMAIN}
+                      timeout: 5s
+                      failure_mode_deny: false
+                      disable_x_envoy_ratelimited_header: true
+                      enable_x_ratelimit_headers: DRAFT_VERSION_03
+                      rate_limited_as_resource_exhausted: false
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service: {{envoy_grpc: {{cluster_name: ai_gateway_ratelimit_cluster}}}}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+    - name: app
+      address: {{socket_address: {{address: 127.0.0.1, port_value: {app}}}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: app
+                route_config:
+                  virtual_hosts:
+                    - name: app
+                      domains: ["*"]
+                      routes:
+                        - match: {{prefix: "/"}}
+                          direct_response: {{status: 200, body: {{inline_string: "{{\"usage\": {{\"total_tokens\": {TOKENS}}}}}\n"}}}}
+                          response_headers_to_add:
+                            - header: {{key: x-usage-tokens, value: "{TOKENS}"}}
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: ai_gateway_ratelimit_cluster
+      type: STRICT_DNS
+      connect_timeout: 5s
+      http2_protocol_options: {{}}
+      load_assignment:
+        cluster_name: ai_gateway_ratelimit_cluster
+        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {ratelimit}}}}}}}}}]}}]
+    - name: app
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: app
+        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {app}}}}}}}}}]}}]
+"#
+    )
+}
+
+/// The rate limit Deployment's environment (LOG_LEVEL to USE_STATSD, CONFIG_*, GRPC_PORT), with
+/// Redis and the controller on loopback; the listeners Kubernetes would give the pod its own
+/// address for are bound to loopback on free ports.
+fn deployment_env(redis: u16, xds: u16, grpc: u16) -> Vec<(&'static str, String)> {
+    vec![
+        ("LOG_LEVEL", "debug".into()),
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{redis}")),
+        ("RUNTIME_ROOT", "/data".into()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
+        ("USE_STATSD", "false".into()),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW".into()),
+        ("CONFIG_GRPC_XDS_NODE_ID", NODE_ID.into()),
+        ("CONFIG_GRPC_XDS_SERVER_URL", format!("127.0.0.1:{xds}")),
+        ("GRPC_PORT", grpc.to_string()),
+        // Loopback only in tests (the pod listens on its own address).
+        ("GRPC_HOST", "127.0.0.1".into()),
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", free_port().to_string()),
+        ("DEBUG_HOST", "127.0.0.1".into()),
+        ("DEBUG_PORT", free_port().to_string()),
+    ]
+}
+
+/// The tokens left, asked with a check-only call on the model's descriptor (spends nothing).
+async fn remaining(grpc: u16) -> u32 {
+    let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .expect("connect");
+    let mut probe = common::request(
+        DOMAIN,
+        &[&[("backend_name", BACKEND), ("model_name_override", MODEL)]],
+    );
+    probe.descriptors[0].hits_addend = Some(0);
+    let answer = client.should_rate_limit(probe).await.expect("answered");
+    answer.into_inner().statuses[0].limit_remaining
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_policy_token_budget_binds_within_one_response() {
+    common::clear_of_hour_boundary();
+    let redis = RedisServer::start();
+    let plane = Harness::start(None).await;
+    let xds = plane.addr.port();
+    plane.serve_snapshot(NODE_ID, "1", vec![quota_policy_config()]);
+
+    let grpc = free_port();
+    let env = deployment_env(redis.port, xds, grpc);
+    // The Deployment's `command: [/bin/ratelimit]` with its `args`.
+    let portcullis = tokio::task::spawn_blocking(move || {
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
+        ServeProcess::spawn_as_ratelimit_with_args(
+            &env,
+            &["--quotaRateLimitServiceAddr=envoy-ai-gateway-ratelimit.envoy-gateway-system"],
+        )
+    })
+    .await
+    .expect("ratelimit started");
+    let (admin, ingress, app) = (free_port(), free_port(), free_port());
+    let envoy = Envoy::start(&envoy_config(admin, ingress, app, grpc), admin);
+    let ingress: std::net::SocketAddr = ([127, 0, 0, 1], ingress).into();
+
+    // 1 on the request and 40 at its end: 41, 82, 123 of 100 tokens recorded, so the fourth
+    // request is refused, and every later one within the hour.
+    let mut statuses = Vec::new();
+    let mut refused = None;
+    for n in 1..=5u32 {
+        let r = envoy::get(ingress, None, "/v1/chat/completions", &[]).await;
+        statuses.push(r.status);
+        if r.status != 200 {
+            refused.get_or_insert(r);
+            continue;
+        }
+        // Envoy charges the tokens after the client has its answer: wait for them.
+        let expected = LIMIT.saturating_sub((TOKENS + 1) * n);
+        let started = std::time::Instant::now();
+        while remaining(grpc).await != expected {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the tokens of response {n} were never charged (remaining {}, expected \
+                 {expected})\n{}",
+                remaining(grpc).await,
+                portcullis.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(
+        statuses,
+        vec![200, 200, 200, 429, 429],
+        "Envoy log:\n{}",
+        envoy.log()
+    );
+    let refused = refused.expect("a refusal");
+    assert_eq!(refused.header("x-envoy-ratelimited"), None);
+    assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
+}
