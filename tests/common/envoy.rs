@@ -312,6 +312,8 @@ pub struct Gateway {
     /// a config a user copies, such as one of README's (empty: built from the fields above).
     pub http_filters: String,
     pub health_interval: String,
+    /// Whether Envoy health checks Portcullis' cluster (Envoy Gateway up to 1.9 does not).
+    pub health_checks: bool,
     /// The name of Portcullis' cluster (Istio's filters name theirs `outbound|8081||…`).
     pub cluster: String,
 }
@@ -330,6 +332,7 @@ impl Gateway {
             app_headers: Vec::new(),
             http_filters: String::new(),
             health_interval: "5s".into(),
+            health_checks: true,
             cluster: "portcullis".into(),
         }
     }
@@ -398,6 +401,21 @@ impl Gateway {
                 )
             })
             .collect();
+        let health_checks = if self.health_checks {
+            format!(
+                r#"      health_checks:
+        - timeout: 1s
+          interval: {interval}
+          no_traffic_interval: {interval}
+          unhealthy_threshold: 1
+          healthy_threshold: 1
+          grpc_health_check: {{service_name: ratelimit}}
+"#,
+                interval = self.health_interval
+            )
+        } else {
+            String::new()
+        };
         format!(
             r#"admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
@@ -450,14 +468,7 @@ static_resources:
         envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
           "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
           explicit_http_config: {{http2_protocol_options: {{}}}}
-      health_checks:
-        - timeout: 1s
-          interval: {interval}
-          no_traffic_interval: {interval}
-          unhealthy_threshold: 1
-          healthy_threshold: 1
-          grpc_health_check: {{service_name: ratelimit}}
-      load_assignment:
+{health_checks}      load_assignment:
         cluster_name: "{cluster}"
         endpoints:
           - lb_endpoints:
@@ -471,7 +482,6 @@ static_resources:
             admin = self.admin,
             ingress = self.ingress,
             app = self.app,
-            interval = self.health_interval,
             cluster = self.cluster,
         )
     }
