@@ -6,13 +6,14 @@ own protocol reads (decimal per call, or the binary argument), for one script ca
 on one hot key, back to back on one connection to a redis-server started here on a loopback
 port. Redis' INFO commandstats gives the microseconds per script call.
 
-  python3 benches/support/script_versions.py 641ff13=641ff13:dec9 6409ab4=6409ab4:dec10 \
-      HEAD=HEAD:bin7
+  taskset -c 0 python3 benches/support/script_versions.py 641ff13=641ff13:dec9 \
+      6409ab4=6409ab4:dec10 HEAD=HEAD:bin7
 
 Protocols: dec9 (641ff13: clock, mode, count, six numbers per key, all decimal), dec10 (a
 deadline after the clock), bin6 (the numbers as one binary argument, keys once per call), bin7
 (seven numbers per key, the last where its key is; each key once).
 """
+import shutil
 import socket
 import struct
 import subprocess
@@ -77,7 +78,10 @@ def main():
         probe.bind(('127.0.0.1', 0))
         port = probe.getsockname()[1]
         probe.close()
-        server = subprocess.Popen(['redis-server', '--port', str(port), '--bind', '127.0.0.1',
+        # Redis on a core of its own when taskset is at hand (run this script pinned to another:
+        # `taskset -c 0 python3 ...`): usec_per_call is wall time inside the script.
+        pin = ['taskset', '-c', '1'] if shutil.which('taskset') else []
+        server = subprocess.Popen(pin + ['redis-server', '--port', str(port), '--bind', '127.0.0.1',
                                    '--save', '', '--appendonly', 'no', '--dir', d],
                                   stdout=subprocess.DEVNULL)
         try:
