@@ -28,36 +28,88 @@ const TOKENS: u32 = 40;
 /// The QuotaPolicy's default bucket: `limit: 100, duration: "1h"`.
 const LIMIT: u32 = 100;
 
-/// What the controller's translator builds from a QuotaPolicy with one per-model quota and no
-/// bucket rules: the model's descriptor under its backend's, with the limit and quota mode.
-fn quota_policy_config() -> pb::RateLimitConfig {
+/// The bucket rule of the second test: a client selector on header `x-tenant`, exact `acme`
+/// (rule 0, match 0), as the controller names its descriptor key.
+const TENANT_RULE: &str = "rule-0-x-tenant|acme-match-0";
+
+fn quota_limit() -> Option<pb::RateLimitPolicy> {
+    Some(pb::RateLimitPolicy {
+        unit: pb::RateLimitUnit::Hour as i32,
+        requests_per_unit: LIMIT,
+        ..Default::default()
+    })
+}
+
+/// What the controller's translator builds from a QuotaPolicy with one per-model quota: with no
+/// bucket rules, the model's descriptor under its backend's holds the limit in quota mode; with
+/// a bucket rule on an exact header, the rule's descriptor under the model's does.
+fn quota_policy_config(bucket_rule: bool) -> pb::RateLimitConfig {
+    let model = if bucket_rule {
+        pb::RateLimitDescriptor {
+            key: "model_name_override".into(),
+            value: MODEL.into(),
+            descriptors: vec![pb::RateLimitDescriptor {
+                key: TENANT_RULE.into(),
+                value: TENANT_RULE.into(),
+                rate_limit: quota_limit(),
+                quota_mode: true,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    } else {
+        pb::RateLimitDescriptor {
+            key: "model_name_override".into(),
+            value: MODEL.into(),
+            rate_limit: quota_limit(),
+            quota_mode: true,
+            ..Default::default()
+        }
+    };
     pb::RateLimitConfig {
         name: DOMAIN.into(),
         domain: DOMAIN.into(),
         descriptors: vec![pb::RateLimitDescriptor {
             key: "backend_name".into(),
             value: BACKEND.into(),
-            descriptors: vec![pb::RateLimitDescriptor {
-                key: "model_name_override".into(),
-                value: MODEL.into(),
-                rate_limit: Some(pb::RateLimitPolicy {
-                    unit: pb::RateLimitUnit::Hour as i32,
-                    requests_per_unit: LIMIT,
-                    ..Default::default()
-                }),
-                quota_mode: true,
-                ..Default::default()
-            }],
+            descriptors: vec![model],
             ..Default::default()
         }],
     }
+}
+
+/// The route's `rate_limits` as the extension server writes them: on the request, the backend
+/// and model as fixed values (1 hit); at stream end, the same from dynamic metadata with the
+/// tokens as `hits_addend`; a bucket rule's header match appended to both.
+fn route_rate_limits(bucket_rule: bool) -> String {
+    let tenant = if bucket_rule {
+        format!(
+            "\n    - header_value_match: {{descriptor_key: \"{TENANT_RULE}\", descriptor_value: \"{TENANT_RULE}\", expect_match: true, headers: [{{name: x-tenant, string_match: {{exact: acme}}}}]}}"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"- actions:
+    - generic_key: {{descriptor_key: backend_name, descriptor_value: "{BACKEND}"}}
+    - generic_key: {{descriptor_key: model_name_override, descriptor_value: "{MODEL}"}}{tenant}
+- actions:
+    - metadata: {{descriptor_key: backend_name, source: DYNAMIC, metadata_key: {{key: io.envoy.ai_gateway, path: [{{key: ai_service_backend_name}}]}}}}
+    - metadata: {{descriptor_key: model_name_override, source: DYNAMIC, metadata_key: {{key: io.envoy.ai_gateway, path: [{{key: model_name_override}}]}}}}{tenant}
+  hits_addend: {{format: "%DYNAMIC_METADATA(io.envoy.ai_gateway:quota_cost)%"}}
+  apply_on_stream_done: true"#
+    )
 }
 
 /// Envoy as the AI Gateway's extension server leaves it: the filter named
 /// `envoy.filters.http.ratelimit/ai-gateway-quota` (timeout 5 s, fail open, no
 /// `x-envoy-ratelimited`, draft-03 headers) before the router, the route's `rate_limits` in its
 /// typed_per_filter_config, and the rate limit cluster as STRICT_DNS over HTTP/2.
-fn envoy_config(admin: u16, ingress: u16, app: u16, ratelimit: u16) -> String {
+fn envoy_config(admin: u16, ingress: u16, app: u16, ratelimit: u16, rate_limits: &str) -> String {
+    let rate_limits: String = rate_limits
+        .lines()
+        .map(|l| format!("{}{l}\n", " ".repeat(32)))
+        .collect();
     format!(
         r#"admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
@@ -83,15 +135,7 @@ static_resources:
                               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
                               domain: {DOMAIN}
                               rate_limits:
-                                - actions:
-                                    - generic_key: {{descriptor_key: backend_name, descriptor_value: "{BACKEND}"}}
-                                    - generic_key: {{descriptor_key: model_name_override, descriptor_value: "{MODEL}"}}
-                                - actions:
-                                    - metadata: {{descriptor_key: backend_name, source: DYNAMIC, metadata_key: {{key: io.envoy.ai_gateway, path: [{{key: ai_service_backend_name}}]}}}}
-                                    - metadata: {{descriptor_key: model_name_override, source: DYNAMIC, metadata_key: {{key: io.envoy.ai_gateway, path: [{{key: model_name_override}}]}}}}
-                                  hits_addend: {{format: "%DYNAMIC_METADATA(io.envoy.ai_gateway:quota_cost)%"}}
-                                  apply_on_stream_done: true
-                http_filters:
+{rate_limits}                http_filters:
                   - name: envoy.filters.http.lua
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
@@ -187,26 +231,30 @@ fn deployment_env(redis: u16, xds: u16, grpc: u16) -> Vec<(&'static str, String)
 }
 
 /// The tokens left, asked with a check-only call on the model's descriptor (spends nothing).
-async fn remaining(grpc: u16) -> u32 {
+async fn remaining(grpc: u16, entries: &[(&str, &str)]) -> u32 {
     let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
         .await
         .expect("connect");
-    let mut probe = common::request(
-        DOMAIN,
-        &[&[("backend_name", BACKEND), ("model_name_override", MODEL)]],
-    );
+    let mut probe = common::request(DOMAIN, &[entries]);
     probe.descriptors[0].hits_addend = Some(0);
     let answer = client.should_rate_limit(probe).await.expect("answered");
     answer.into_inner().statuses[0].limit_remaining
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quota_policy_token_budget_binds_within_one_response() {
+/// Portcullis as the Deployment starts it, rules from the controller's snapshot, Envoy as the
+/// extension server configures it: five requests with `headers`, each after the previous
+/// response's tokens were charged (Envoy charges them after the client has its answer); the
+/// statuses, and the first refusal.
+async fn five_requests(
+    bucket_rule: bool,
+    headers: &[(&str, &str)],
+    entries: &[(&str, &str)],
+) -> (Vec<u16>, Option<envoy::Response>) {
     common::clear_of_hour_boundary();
     let redis = RedisServer::start();
     let plane = Harness::start(None).await;
     let xds = plane.addr.port();
-    plane.serve_snapshot(NODE_ID, "1", vec![quota_policy_config()]);
+    plane.serve_snapshot(NODE_ID, "1", vec![quota_policy_config(bucket_rule)]);
 
     let grpc = free_port();
     let env = deployment_env(redis.port, xds, grpc);
@@ -221,7 +269,8 @@ async fn a_quota_policy_token_budget_binds_within_one_response() {
     .await
     .expect("ratelimit started");
     let (admin, ingress, app) = (free_port(), free_port(), free_port());
-    let envoy = Envoy::start(&envoy_config(admin, ingress, app, grpc), admin);
+    let config = envoy_config(admin, ingress, app, grpc, &route_rate_limits(bucket_rule));
+    let envoy = Envoy::start(&config, admin);
     let ingress: std::net::SocketAddr = ([127, 0, 0, 1], ingress).into();
 
     // 1 on the request and 40 at its end: 41, 82, 123 of 100 tokens recorded, so the fourth
@@ -229,33 +278,56 @@ async fn a_quota_policy_token_budget_binds_within_one_response() {
     let mut statuses = Vec::new();
     let mut refused = None;
     for n in 1..=5u32 {
-        let r = envoy::get(ingress, None, "/v1/chat/completions", &[]).await;
+        let r = envoy::get(ingress, None, "/v1/chat/completions", headers).await;
         statuses.push(r.status);
         if r.status != 200 {
             refused.get_or_insert(r);
             continue;
         }
-        // Envoy charges the tokens after the client has its answer: wait for them.
         let expected = LIMIT.saturating_sub((TOKENS + 1) * n);
         let started = std::time::Instant::now();
-        while remaining(grpc).await != expected {
+        while remaining(grpc, entries).await != expected {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "the tokens of response {n} were never charged (remaining {}, expected \
-                 {expected})\n{}",
-                remaining(grpc).await,
-                portcullis.log()
+                 {expected})\n{}\nEnvoy log:\n{}",
+                remaining(grpc, entries).await,
+                portcullis.log(),
+                envoy.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    assert_eq!(
-        statuses,
-        vec![200, 200, 200, 429, 429],
-        "Envoy log:\n{}",
-        envoy.log()
-    );
+    if bucket_rule {
+        // Another tenant matches no bucket rule: Envoy sends no descriptor, nothing binds.
+        let other = envoy::get(
+            ingress,
+            None,
+            "/v1/chat/completions",
+            &[("x-tenant", "other")],
+        );
+        assert_eq!(other.await.status, 200);
+    }
+    (statuses, refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_policy_token_budget_binds_within_one_response() {
+    let entries = [("backend_name", BACKEND), ("model_name_override", MODEL)];
+    let (statuses, refused) = five_requests(false, &[], &entries).await;
+    assert_eq!(statuses, vec![200, 200, 200, 429, 429]);
     let refused = refused.expect("a refusal");
     assert_eq!(refused.header("x-envoy-ratelimited"), None);
     assert_eq!(refused.header("x-ratelimit-remaining"), Some("0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_rule_on_a_client_header_binds_that_clients_tokens() {
+    let entries = [
+        ("backend_name", BACKEND),
+        ("model_name_override", MODEL),
+        (TENANT_RULE, TENANT_RULE),
+    ];
+    let (statuses, _) = five_requests(true, &[("x-tenant", "acme")], &entries).await;
+    assert_eq!(statuses, vec![200, 200, 200, 429, 429]);
 }
