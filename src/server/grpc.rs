@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch::Receiver;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -17,6 +18,7 @@ use crate::service::{Decider, RlsService};
 use crate::settings::Settings;
 use crate::telemetry::Metrics;
 
+use super::aged;
 use super::config::tls_files;
 use super::{LIVENESS_HEALTH_SERVICE, StartError, listen, tls, watch};
 
@@ -46,9 +48,13 @@ pub(super) async fn serve(
     if let Some(age) = settings.grpc_max_connection_age {
         builder = builder.max_connection_age(age);
     }
-    if let Some(grace) = settings.grpc_max_connection_age_grace {
-        builder = builder.max_connection_age_grace(grace);
-    }
+    // Not tonic's grace (given one, it skips the GOAWAY at the age): each connection ends at
+    // age + grace by `Aged`.
+    let lifetime = settings
+        .grpc_max_connection_age
+        .zip(settings.grpc_max_connection_age_grace)
+        .map(|(age, grace)| age + grace);
+
     let router = builder
         .max_concurrent_streams(settings.grpc_max_concurrent_streams)
         .http2_keepalive_interval(Some(settings.grpc_keepalive_interval))
@@ -63,7 +69,8 @@ pub(super) async fn serve(
     let grpc_stopped = super::wait_for_stop(stopped.clone());
     let grpc_task = match tls_files(settings)? {
         None => {
-            let incoming = listen::tcp_incoming(grpc_listener, metrics.clone(), stopped.clone());
+            let incoming = listen::tcp_incoming(grpc_listener, metrics.clone(), stopped.clone())
+                .map(aged::ending(lifetime));
             tokio::spawn(async move {
                 if let Err(e) = router
                     .serve_with_incoming_shutdown(incoming, grpc_stopped)
@@ -83,7 +90,8 @@ pub(super) async fn serve(
                 certificate.client_san(),
                 metrics.clone(),
                 stopped.clone(),
-            );
+            )
+            .map(aged::ending(lifetime));
             tasks.push(watch::spawn(
                 certificate,
                 loaded,

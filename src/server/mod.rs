@@ -4,6 +4,7 @@
 //! certificate), and returns a handle that drains and stops all of it. The binary and the
 //! end-to-end tests start the server the same way. Nothing below this floor reads `Settings`.
 
+mod aged;
 mod config;
 mod grpc;
 pub mod listen;
