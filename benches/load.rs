@@ -571,13 +571,7 @@ async fn measure(
             problems.push(format!("{failure_mode} answers by the failure mode"));
         }
     }
-    let (redis_us, redis_us_per_script) = if target.redis_ports.is_empty() {
-        (None, None)
-    } else {
-        let calls = redis_after.0 - redis_before.0;
-        let usec = redis_after.1 - redis_before.1;
-        (Some(usec / decisions), Some(usec / calls.max(1.0)))
-    };
+    let (redis_us, redis_us_per_script) = redis_cost(target, redis_before, redis_after, decisions);
     Row {
         binary: target.binary.into(),
         round: 0,
@@ -593,11 +587,32 @@ async fn measure(
         server_us: cpu * 1e6 / decisions,
         redis_us,
         redis_us_per_script,
-        check: if problems.is_empty() {
-            "ok".into()
-        } else {
-            problems.join("; ")
-        },
+        check: verdict(&problems),
+    }
+}
+
+/// Redis' µs per decision and per script call between two `script_stats` readings (none
+/// without Redis).
+fn redis_cost(
+    target: &Target<'_>,
+    before: (f64, f64),
+    after: (f64, f64),
+    decisions: f64,
+) -> (Option<f64>, Option<f64>) {
+    if target.redis_ports.is_empty() {
+        return (None, None);
+    }
+    let usec = after.1 - before.1;
+    let scripts = (after.0 - before.0).max(1.0);
+    (Some(usec / decisions), Some(usec / scripts))
+}
+
+/// A row's check: "ok", or what was wrong.
+fn verdict(problems: &[String]) -> String {
+    if problems.is_empty() {
+        "ok".into()
+    } else {
+        problems.join("; ")
     }
 }
 
@@ -657,13 +672,7 @@ fn measure_h2load(target: &Target<'_>, scenario: Scenario, options: &Options) ->
         }
     }
     let decisions = calls.max(1.0);
-    let (redis_us, redis_us_per_script) = if target.redis_ports.is_empty() {
-        (None, None)
-    } else {
-        let usec = redis_after.1 - redis_before.1;
-        let scripts = (redis_after.0 - redis_before.0).max(1.0);
-        (Some(usec / decisions), Some(usec / scripts))
-    };
+    let (redis_us, redis_us_per_script) = redis_cost(target, redis_before, redis_after, decisions);
     Row {
         binary: target.binary.into(),
         round: 0,
@@ -677,11 +686,7 @@ fn measure_h2load(target: &Target<'_>, scenario: Scenario, options: &Options) ->
         server_us: cpu * 1e6 / decisions,
         redis_us,
         redis_us_per_script,
-        check: if problems.is_empty() {
-            "ok".into()
-        } else {
-            problems.join("; ")
-        },
+        check: verdict(&problems),
     }
 }
 

@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::envoy::{self, Envoy};
+use common::envoy::{self, Gateway};
 use common::process::ServeProcess;
 use common::redis::{RedisServer, free_port};
 use common::xds::Harness;
@@ -104,106 +104,57 @@ fn route_rate_limits(bucket_rule: bool) -> String {
 /// Envoy as the AI Gateway's extension server leaves it: the filter named
 /// `envoy.filters.http.ratelimit/ai-gateway-quota` (timeout 5 s, fail open, no
 /// `x-envoy-ratelimited`, draft-03 headers) before the router, the route's `rate_limits` in its
-/// typed_per_filter_config, and the rate limit cluster as STRICT_DNS over HTTP/2.
-fn envoy_config(admin: u16, ingress: u16, app: u16, ratelimit: u16, rate_limits: &str) -> String {
+/// typed_per_filter_config, the rate limit cluster over HTTP/2 with no health check; a Lua
+/// filter in place of its ext_proc puts the backend, the model and the response's tokens into
+/// dynamic metadata; the app answers with 40 tokens of usage.
+fn gateway(ratelimit: u16, rate_limits: &str) -> Gateway {
+    let mut g = Gateway::new(DOMAIN, &[ratelimit]);
+    g.cluster = "ai_gateway_ratelimit_cluster".into();
+    g.health_checks = false;
+    g.app_headers = vec![("x-usage-tokens".into(), TOKENS.to_string())];
     let rate_limits: String = rate_limits
         .lines()
-        .map(|l| format!("{}{l}\n", " ".repeat(32)))
+        .map(|l| format!("{}{l}\n", " ".repeat(6)))
         .collect();
-    format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-    - name: ingress
-      address: {{socket_address: {{address: 127.0.0.1, port_value: {ingress}}}}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: ingress
-                route_config:
-                  virtual_hosts:
-                    - name: ai
-                      domains: ["*"]
-                      routes:
-                        - match: {{prefix: "/"}}
-                          route: {{cluster: app}}
-                          typed_per_filter_config:
-                            envoy.filters.http.ratelimit/ai-gateway-quota:
-                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
-                              domain: {DOMAIN}
-                              rate_limits:
-{rate_limits}                http_filters:
-                  - name: envoy.filters.http.lua
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
-                      default_source_code:
-                        inline_string: |
-                          function envoy_on_request(handle)
-                            local metadata = handle:streamInfo():dynamicMetadata()
-                            metadata:set("io.envoy.ai_gateway", "ai_service_backend_name", "{BACKEND}")
-                            metadata:set("io.envoy.ai_gateway", "model_name_override", "{MODEL}")
-                          end
-                          function envoy_on_response(handle)
-                            local tokens = tonumber(handle:headers():get("x-usage-tokens"))
-                            if tokens ~= nil then
-                              handle:streamInfo():dynamicMetadata():set("io.envoy.ai_gateway", "quota_cost", tokens)
-                            end
-                          end
-                  - name: envoy.filters.http.ratelimit/ai-gateway-quota
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: {DOMAIN}
-                      timeout: 5s
-                      failure_mode_deny: false
-                      disable_x_envoy_ratelimited_header: true
-                      enable_x_ratelimit_headers: DRAFT_VERSION_03
-                      rate_limited_as_resource_exhausted: false
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service: {{envoy_grpc: {{cluster_name: ai_gateway_ratelimit_cluster}}}}
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-    - name: app
-      address: {{socket_address: {{address: 127.0.0.1, port_value: {app}}}}}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: app
-                route_config:
-                  virtual_hosts:
-                    - name: app
-                      domains: ["*"]
-                      routes:
-                        - match: {{prefix: "/"}}
-                          direct_response: {{status: 200, body: {{inline_string: "{{\"usage\": {{\"total_tokens\": {TOKENS}}}}}\n"}}}}
-                          response_headers_to_add:
-                            - header: {{key: x-usage-tokens, value: "{TOKENS}"}}
-                http_filters:
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: ai_gateway_ratelimit_cluster
-      type: STRICT_DNS
-      connect_timeout: 5s
-      http2_protocol_options: {{}}
-      load_assignment:
-        cluster_name: ai_gateway_ratelimit_cluster
-        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {ratelimit}}}}}}}}}]}}]
-    - name: app
-      type: STATIC
-      connect_timeout: 1s
-      load_assignment:
-        cluster_name: app
-        endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {app}}}}}}}}}]}}]
-"#
-    )
+    g.route_config = format!(
+        r#"typed_per_filter_config:
+  envoy.filters.http.ratelimit/ai-gateway-quota:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+    domain: {DOMAIN}
+    rate_limits:
+{rate_limits}"#
+    );
+    g.http_filters = format!(
+        r#"- name: envoy.filters.http.lua
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+    default_source_code:
+      inline_string: |
+        function envoy_on_request(handle)
+          local metadata = handle:streamInfo():dynamicMetadata()
+          metadata:set("io.envoy.ai_gateway", "ai_service_backend_name", "{BACKEND}")
+          metadata:set("io.envoy.ai_gateway", "model_name_override", "{MODEL}")
+        end
+        function envoy_on_response(handle)
+          local tokens = tonumber(handle:headers():get("x-usage-tokens"))
+          if tokens ~= nil then
+            handle:streamInfo():dynamicMetadata():set("io.envoy.ai_gateway", "quota_cost", tokens)
+          end
+        end
+- name: envoy.filters.http.ratelimit/ai-gateway-quota
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+    domain: {DOMAIN}
+    timeout: 5s
+    failure_mode_deny: false
+    disable_x_envoy_ratelimited_header: true
+    enable_x_ratelimit_headers: DRAFT_VERSION_03
+    rate_limited_as_resource_exhausted: false
+    rate_limit_service:
+      transport_api_version: V3
+      grpc_service: {{envoy_grpc: {{cluster_name: ai_gateway_ratelimit_cluster}}}}"#
+    );
+    g
 }
 
 /// The rate limit Deployment's environment (LOG_LEVEL to USE_STATSD, CONFIG_*, GRPC_PORT), with
@@ -268,10 +219,9 @@ async fn five_requests(
     })
     .await
     .expect("ratelimit started");
-    let (admin, ingress, app) = (free_port(), free_port(), free_port());
-    let config = envoy_config(admin, ingress, app, grpc, &route_rate_limits(bucket_rule));
-    let envoy = Envoy::start(&config, admin);
-    let ingress: std::net::SocketAddr = ([127, 0, 0, 1], ingress).into();
+    let g = gateway(grpc, &route_rate_limits(bucket_rule));
+    let envoy = g.start();
+    let ingress = g.ingress_addr();
 
     // 1 on the request and 40 at its end: 41, 82, 123 of 100 tokens recorded, so the fourth
     // request is refused, and every later one within the hour.

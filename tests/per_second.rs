@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::process::ServeProcess;
-use common::redis::{RedisServer, cli, free_port, plain_config};
+use common::redis::{RedisServer, cli, connected_store, free_port};
 use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::clock::ManualClock;
 use portcullis::pb::RateLimitServiceClient;
 use portcullis::pb::rate_limit_response::Code;
 use portcullis::store::redis::Topology;
 use portcullis::store::split::SplitStore;
-use portcullis::store::{MemoryStore, RedisStore, Store};
+use portcullis::store::{MemoryStore, Store};
 
 const RULES: &str = r#"
 domain: edge
@@ -153,16 +153,6 @@ async fn all_or_nothing_across_the_two_stores_charges_a_refused_call_nothing() {
     assert_eq!(answers[1].as_ref().unwrap().limit, 10);
 }
 
-async fn redis_store(redis: &RedisServer, prefix: &str) -> RedisStore {
-    let config = plain_config(Topology::Standalone(redis.url()), 2);
-    let store = RedisStore::new(&config, prefix, Default::default()).unwrap();
-    store
-        .probe(Duration::from_secs(10))
-        .await
-        .expect("Redis usable");
-    store
-}
-
 /// Redis' clock at `port`: (seconds, microseconds).
 fn redis_time(port: u16) -> (u64, u64) {
     let out = cli(port, &["TIME"]);
@@ -177,9 +167,9 @@ fn redis_time(port: u16) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_give_back_after_its_second_ended_does_not_credit_the_next_second() {
     let (main, fast) = (RedisServer::start(), RedisServer::start());
-    let fast_store = redis_store(&fast, "ps:").await;
+    let fast_store = connected_store(Topology::Standalone(fast.url()), "ps:").await;
     let split = Arc::new(SplitStore::new(
-        Box::new(redis_store(&main, "ps:").await),
+        Box::new(connected_store(Topology::Standalone(main.url()), "ps:").await),
         Box::new(fast_store.clone()),
     ));
     let mut burst = check("burst", 1_000_000, 10);

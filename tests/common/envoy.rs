@@ -305,6 +305,9 @@ pub struct Gateway {
     pub failure_mode_deny: bool,
     /// YAML list items under the virtual host's `rate_limits:` (indented by the caller: none).
     pub route_rate_limits: String,
+    /// YAML lines added under the route (a `typed_per_filter_config:` block, say), indented by
+    /// the caller: none.
+    pub route_config: String,
     /// Response headers the app adds.
     pub app_headers: Vec<(String, String)>,
     /// YAML list items that replace the ratelimit filter built from the fields above (the router
@@ -329,6 +332,7 @@ impl Gateway {
             timeout: "0.02s".into(),
             failure_mode_deny: false,
             route_rate_limits: String::new(),
+            route_config: String::new(),
             app_headers: Vec::new(),
             http_filters: String::new(),
             health_interval: "5s".into(),
@@ -359,6 +363,7 @@ impl Gateway {
                 indent(&self.route_rate_limits, 24)
             )
         };
+        let route_config = indent(&self.route_config, 26);
         let filters = if self.http_filters.is_empty() {
             format!(
                 r#"                  - name: envoy.filters.http.ratelimit
@@ -437,7 +442,7 @@ static_resources:
 {route_rate_limits}                      routes:
                         - match: {{prefix: "/"}}
                           route: {{cluster: app}}
-                http_filters:
+{route_config}                http_filters:
 {filters}                  - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router

@@ -23,6 +23,7 @@ mod errors;
 mod factors;
 mod probe;
 mod quota;
+mod reply;
 pub mod script;
 mod send;
 

@@ -1,6 +1,7 @@
 //! The script's reply parsed exactly, or refused as a protocol error, never a panic.
 
 use super::*;
+use redis::Value;
 
 fn ints(numbers: &[i64]) -> Vec<Value> {
     numbers.iter().map(|&n| Value::Int(n)).collect()
