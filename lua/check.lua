@@ -1,6 +1,6 @@
 -- check: the checks of one or more calls, in one script call (one round trip): the calls of a
 -- batch, applied in order, each decided on its own, each key's state read once and written once.
--- Appended to the three algorithm files, which define the functions it dispatches to.
+-- Appended to the four algorithm files, which define the functions it dispatches to.
 --
 -- KEYS: the counter keys, each once (a hot key comes once however many calls name it: Redis
 -- makes a string of each declared key); in Cluster mode all of one slot.
@@ -27,8 +27,8 @@
 --       an all-or-nothing call (what 1 would answer, nothing written: Cluster's first step when
 --       a call's keys live in several slots);
 --   its number of keys;
---   for each of its keys, seven numbers: the operation (1 sliding, 2 bucket, 3 fixed; 11, 12, 13 the same
---       algorithms' refunds; 21, 22, 23 their post-paid charges: hits already consumed, recorded
+--   for each of its keys, seven numbers: the operation (1 sliding, 2 bucket, 3 fixed, 6
+--       concurrency; 11, 12, 13, 16 the same algorithms' refunds (16: slots released); 21, 22, 23 their post-paid charges: hits already consumed, recorded
 --       even when they do not fit, the reply still saying whether they did; 5, 15, 25 the
 --       sliding window's 1, 11, 21 whose new keys are made as hashes, 0.1.0's layout; 4 a
 --       blocked descriptor, refused), five numbers whose meaning is the operation's (see
@@ -89,6 +89,8 @@ local function flush(key, h)
       sliding_flush(key, h.s, h.now, h.p)
     elseif h.op == 2 then
       bucket_flush(key, h.s, h.now, h.p)
+    elseif h.op == 6 then
+      concurrency_flush(key, h.s, h.now)
     else
       fixed_flush(key, h.s, h.now, h.p)
     end
@@ -120,6 +122,8 @@ local function state(key, op, now, p, prefer_hash)
     s = sliding_open(key, now, p, prefer_hash)
   elseif op == 2 then
     s = bucket_open(key, p)
+  elseif op == 6 then
+    s = concurrency_open(key, now)
   else
     s = fixed_open(key, now, p)
   end
@@ -164,6 +168,7 @@ end
 --   2 bucket: rate, cost us, cost remainder,     12 its refund: rate, span us, span remainder
 --     tolerance us, tolerance remainder
 --   3 fixed: window us, limit, hits              13 its refund: window us, limit, hits
+--   6 concurrency: lease us, slots, hits         16 its release: lease us, slots, hits
 --   21, 22, 23: 1, 2, 3 as post-paid charges.   4 blocked (a zero limit): always refused.
 local function run(a, now, charging, commit_charges, call, i, scratch)
   local op, unit, n2, n3, n4, n5, at = read_numbers(KEY_NUMBERS, numbers, a)
@@ -172,10 +177,11 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   -- 5, 15, 25: the sliding window's 1, 11, 21 whose new keys are made in the hash layout.
   local prefer_hash = op == 5 or op == 15 or op == 25
   if prefer_hash then op = op - 4 end
-  if op == 11 or op == 12 or op == 13 then
+  if op == 11 or op == 12 or op == 13 or op == 16 then
     release(key)
     if op == 11 then return sliding_refund(key, now, unit, n3, commit, prefer_hash) end
     if op == 12 then return bucket_refund(key, now, unit, n2, n3, commit) end
+    if op == 16 then return concurrency_refund(key, now, n3, commit) end
     return fixed_refund(key, now, unit, n3, commit)
   end
   -- A post-paid charge is its algorithm's charge that records what does not fit.
@@ -183,7 +189,7 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   if post_paid then op = op - 20 end
   -- A blocked descriptor (a zero limit) in an all-or-nothing call: refused, its key untouched.
   if op == 4 then return reply(0, now, 0, 0) end
-  if op ~= 1 and op ~= 2 and op ~= 3 then
+  if op ~= 1 and op ~= 2 and op ~= 3 and op ~= 6 then
     error({err = 'ERR portcullis: unknown operation ' .. tostring(op)})
   end
   local h
@@ -203,6 +209,8 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   elseif op == 2 then
     -- cost quotient and remainder, tolerance quotient and remainder, rate
     ok, result = pcall(token_bucket, s, now, n2, n3, n4, n5, unit, commit, post_paid)
+  elseif op == 6 then
+    ok, result = pcall(concurrency, s, now, unit, n2, n3, commit)
   else
     ok, result = pcall(fixed_window, s, now, n2, n3, commit, post_paid)
   end
@@ -264,7 +272,7 @@ for call = 1, call_count do
     sink, sink_n = look, 0
     for i = 0, count - 1 do
       local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
-      if op < 10 or op > 20 then -- not a refund (11-13, 15)
+      if op < 10 or op > 20 then -- not a refund (11-13, 15, 16)
         local at = a + KEY_BYTES * i
         local allowed, start = entry(at, now, true, true, call, i + 1, scratch)
         if allowed == nil then

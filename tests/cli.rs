@@ -118,6 +118,30 @@ fn check_names_file_line_and_field_of_every_broken_rule() {
             "descriptors[0].rate_limit.requests_per_unit",
             "above the most",
         ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      max_duration: 5m\n",
+            7,
+            "descriptors[0].rate_limit.max_duration",
+            "only applies to algorithm concurrency",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: 2\n      algorithm: concurrency\n      max_duration: 2d\n",
+            8,
+            "descriptors[0].rate_limit.max_duration",
+            "is not between 1s and 1d",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: week\n      requests_per_unit: 2\n      algorithm: concurrency\n",
+            5,
+            "descriptors[0].rate_limit.unit",
+            "at most a day",
+        ),
+        (
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: 1001\n      algorithm: concurrency\n",
+            5,
+            "descriptors[0].rate_limit.requests_per_unit",
+            "more than the 1000 slots",
+        ),
     ];
     for (text, line, field, words) in cases {
         let dir = dir_with(&[("rules.yaml", text)]);

@@ -71,3 +71,42 @@ async fn a_refund_on_another_replica_is_seen_within_the_max_age() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A concurrency refusal is never remembered: a release on another replica frees the slot for
+/// this one's next call at once, even with a long max age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_refusal_is_not_remembered_past_a_release_elsewhere() {
+    const SLOTS: &str = "domain: cc
+descriptors:
+  - key: user
+    rate_limit: {algorithm: concurrency, requests_per_unit: 1, unit: minute}
+";
+    let redis = RedisServer::start();
+    let start = || {
+        let url = redis.url();
+        TestServer::start_with(&[("cc.yaml", SLOTS)], move |s| {
+            s.store = StoreKind::Redis;
+            s.redis_url = Some(url);
+            s.store_timeout = Duration::from_millis(500);
+            s.deny_cache_max_age = Duration::from_secs(60);
+        })
+    };
+    let (a, b) = (start().await, start().await);
+    let call = || request("cc", &[&[("user", "u")]]);
+    assert_eq!(a.ok(call()).await.overall_code, OK);
+    assert_eq!(a.ok(call()).await.overall_code, OVER);
+    assert_eq!(a.ok(call()).await.overall_code, OVER);
+    let mut release = request("cc", &[]);
+    let mut slot = descriptor(&[("user", "u")]);
+    slot.is_negative_hits = true;
+    release.descriptors.push(slot);
+    assert_eq!(b.ok(release).await.overall_code, OK);
+    assert_eq!(
+        a.ok(call()).await.overall_code,
+        OK,
+        "the slot released on b is free on a"
+    );
+    assert_eq!(a.ok(call()).await.overall_code, OVER);
+    a.stop().await;
+    b.stop().await;
+}

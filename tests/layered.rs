@@ -453,3 +453,37 @@ descriptors:
         server.stop().await;
     }
 }
+
+/// A concurrency layer beside a rate layer: a request must pass both (a refused one takes no
+/// slot), and a release gives the slot back while the rate layer keeps the request it counted.
+#[tokio::test]
+async fn a_concurrency_layer_releases_its_slot_and_the_rate_layer_keeps_its_count() {
+    const BOTH: &str = "domain: cl
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: slots, algorithm: concurrency, requests_per_unit: 1, unit: minute}
+      - {name: rate, unit: hour, requests_per_unit: 2, algorithm: fixed_window}
+";
+    let server = TestServer::start(&[("cl.yaml", BOTH)]).await;
+    let take = || request("cl", &[&[("user", "u")]]);
+    let release = || {
+        let mut r = request("cl", &[&[("user", "u")]]);
+        r.descriptors[0].is_negative_hits = true;
+        r
+    };
+    assert_eq!(server.ok(take()).await.overall_code, OK);
+    // The slot is held: refused, and the rate layer is not charged for it.
+    assert_eq!(server.ok(take()).await.overall_code, OVER);
+    assert_eq!(server.ok(release()).await.overall_code, OK);
+    // Released: the second request of the hour passes; the rate layer kept the first.
+    assert_eq!(server.ok(take()).await.overall_code, OK);
+    assert_eq!(server.ok(release()).await.overall_code, OK);
+    let third = server.ok(take()).await;
+    assert_eq!(third.overall_code, OVER, "two an hour, the slot free");
+    assert_eq!(
+        third.statuses[0].current_limit.as_ref().unwrap().name,
+        "rate"
+    );
+    server.stop().await;
+}

@@ -69,10 +69,11 @@ fn random_mode(rng: &mut Rng) -> ChargeMode {
 }
 
 const WINDOWS_US: [u64; 4] = [1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000];
-const ALGORITHMS: [Algorithm; 3] = [
+const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::SlidingWindow,
     Algorithm::TokenBucket,
     Algorithm::FixedWindow,
+    Algorithm::Concurrency,
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,7 +92,7 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
         // One to three descriptors per call, algorithms mixed: the multi-key script path.
         let limits: Vec<Limit> = (0..1 + rng.below(3))
             .map(|i| {
-                let algorithm = ALGORITHMS[((case + i) % 3) as usize];
+                let algorithm = ALGORITHMS[((case + i) % 4) as usize];
                 let span = if rng.below(4) == 0 { 5000 } else { 20 };
                 let window_us = WINDOWS_US[rng.below(4) as usize];
                 // Some descriptors are blocked (a zero limit): in an all-or-nothing call they
@@ -146,8 +147,9 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                     },
                     // Some hits are given back (Envoy's is_negative_hits).
                     refund: rng.below(6) == 0,
-                    // Some are costs already consumed, recorded even past the limit.
-                    post_paid: rng.below(3) == 0,
+                    // Some are costs already consumed, recorded even past the limit (never
+                    // slots: the plan makes no post-paid concurrency check).
+                    post_paid: rng.below(3) == 0 && limit.algorithm != Algorithm::Concurrency,
                 })
                 .collect();
             // One descriptor twice in a call (Envoy sends what the route's actions produce): the
@@ -346,7 +348,7 @@ fn scripts_match_the_model_on_extreme_parameters() {
             1u64..100,
         ]
     };
-    let limit = (0usize..3, edge(), edge(), 0usize..7).prop_map(|(a, requests, burst, unit)| {
+    let limit = (0usize..4, edge(), edge(), 0usize..7).prop_map(|(a, requests, burst, unit)| {
         let algorithm = ALGORITHMS[a];
         Limit {
             algorithm,

@@ -7,6 +7,7 @@
 //! the Redis scripts run the same state transitions in Lua and hand the state back to `summarize`
 //! here, so the numbers Envoy sees come from this code whichever store counts.
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod key;
 pub mod reserve;
@@ -26,6 +27,8 @@ pub enum Algorithm {
     SlidingWindow,
     TokenBucket,
     FixedWindow,
+    /// At most `requests` in flight, each slot leased for `window_us` (`concurrency`).
+    Concurrency,
 }
 
 impl Algorithm {
@@ -35,6 +38,7 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sw60",
             Algorithm::TokenBucket => "tb",
             Algorithm::FixedWindow => "fw",
+            Algorithm::Concurrency => "cc",
         }
     }
 
@@ -43,6 +47,7 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 }
@@ -99,7 +104,9 @@ impl Check {
     /// Whether it records consumption that has happened (a refund, or post-paid hits): the
     /// counter must learn of it even when its caller has already been answered.
     pub fn is_consumption(&self) -> bool {
-        self.refund || (self.post_paid && self.hits > 0)
+        // Slots are not a cost consumed: a concurrency charge is never post-paid.
+        self.refund
+            || (self.post_paid && self.hits > 0 && self.limit.algorithm != Algorithm::Concurrency)
     }
 }
 
@@ -155,6 +162,7 @@ pub enum State {
     Sliding(sliding_window::SlidingState),
     Bucket(token_bucket::BucketState),
     Fixed(fixed_window::FixedState),
+    Leases(concurrency::LeaseState),
 }
 
 impl State {
@@ -163,6 +171,7 @@ impl State {
             Algorithm::SlidingWindow => State::Sliding(Default::default()),
             Algorithm::TokenBucket => State::Bucket(Default::default()),
             Algorithm::FixedWindow => State::Fixed(Default::default()),
+            Algorithm::Concurrency => State::Leases(Default::default()),
         }
     }
 
@@ -171,6 +180,7 @@ impl State {
             State::Sliding(_) => Algorithm::SlidingWindow,
             State::Bucket(_) => Algorithm::TokenBucket,
             State::Fixed(_) => Algorithm::FixedWindow,
+            State::Leases(_) => Algorithm::Concurrency,
         }
     }
 }
@@ -200,6 +210,7 @@ pub fn apply(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcom
         }
         (Algorithm::TokenBucket, State::Bucket(s)) => token_bucket::check(s, now_us, limit, hits),
         (Algorithm::FixedWindow, State::Fixed(s)) => fixed_window::check(s, now_us, limit, hits),
+        (Algorithm::Concurrency, State::Leases(s)) => concurrency::check(s, now_us, limit, hits),
         (algorithm, _) => {
             *state = State::empty(algorithm);
             apply(state, now_us, limit, hits)
@@ -223,6 +234,7 @@ pub fn refund(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outco
         }
         (Algorithm::TokenBucket, State::Bucket(s)) => token_bucket::refund(s, now_us, limit, hits),
         (Algorithm::FixedWindow, State::Fixed(s)) => fixed_window::refund(s, now_us, limit, hits),
+        (Algorithm::Concurrency, State::Leases(s)) => concurrency::refund(s, now_us, limit, hits),
         // A state of another algorithm (a rule changed): nothing of this one was spent.
         (algorithm, _) => {
             *state = State::empty(algorithm);
@@ -248,6 +260,8 @@ pub fn charge_post_paid(state: &mut State, now_us: u64, limit: &Limit, hits: u64
         State::Sliding(s) => sliding_window::record(s, now_us, limit, hits),
         State::Bucket(s) => token_bucket::record(s, now_us, limit, hits),
         State::Fixed(s) => fixed_window::record(s, now_us, limit, hits),
+        // Slots are not a cost consumed: a charge that does not fit takes none.
+        State::Leases(_) => outcome,
     }
 }
 
@@ -260,6 +274,7 @@ pub fn records_at_zero(check: &Check) -> bool {
         && !check.refund
         && check.hits > 0
         && check.limit.algorithm != Algorithm::TokenBucket
+        && check.limit.algorithm != Algorithm::Concurrency
 }
 
 /// Post-paid hits on a zero limit: recorded in a window's counter (moved to now first), answered
@@ -269,7 +284,12 @@ fn record_at_zero(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> O
         decision: zero_limit_decision(hits),
         keep_for_us: 0,
     };
-    if hits == 0 || limit.algorithm == Algorithm::TokenBucket {
+    if hits == 0
+        || matches!(
+            limit.algorithm,
+            Algorithm::TokenBucket | Algorithm::Concurrency
+        )
+    {
         return zero;
     }
     if state.algorithm() != limit.algorithm {
@@ -284,7 +304,7 @@ fn record_at_zero(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> O
             fixed_window::check(s, now_us, limit, 0);
             fixed_window::record(s, now_us, limit, hits)
         }
-        State::Bucket(_) => return zero,
+        State::Bucket(_) | State::Leases(_) => return zero,
     };
     Outcome {
         keep_for_us: recorded.keep_for_us,

@@ -11,7 +11,7 @@ pub mod deny_cache;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::algorithm::{ChargeMode, Check, Decision, Limit};
+use crate::algorithm::{Algorithm, ChargeMode, Check, Decision, Limit};
 use crate::store::{SharedFactors, Store, StoreError, all_failed};
 use crate::telemetry::{KindLabels, LogThrottle, Metrics, ModeLabels};
 use deny_cache::DenyCache;
@@ -176,8 +176,13 @@ impl Limiter {
                         StoreError::Protocol("store answered too few decisions".into())
                     })?;
                     // Only the store's own refusals of real charges: a failure-mode answer says
-                    // nothing of the budget.
-                    if from_store && !check.refund && mode != ChargeMode::Probe {
+                    // nothing of the budget. Never a concurrency refusal: a release on any
+                    // replica frees a slot at once, and its retry time is only a lease's end.
+                    if from_store
+                        && !check.refund
+                        && mode != ChargeMode::Probe
+                        && check.limit.algorithm != Algorithm::Concurrency
+                    {
                         let evicted = cache.remember(check, &decision, now);
                         if evicted > 0 {
                             self.metrics.deny_cache_evictions.inc_by(evicted as u64);

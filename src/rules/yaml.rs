@@ -45,6 +45,9 @@ pub(super) struct RateLimitYaml {
     pub(super) replaces: Option<Vec<Spanned<ReplacesYaml>>>,
     pub(super) algorithm: Option<Spanned<String>>,
     pub(super) burst: Option<Spanned<u64>>,
+    /// A concurrency rule's lease: a slot not released within it is freed by itself (default:
+    /// one `unit`). Portcullis' own field, in the duration syntax (`30s`, `5m`).
+    pub(super) max_duration: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -2,6 +2,9 @@
 //! the domain, each descriptor (`entries` as `key=value` strings, its `limit` override and
 //! `hitsAddend` when set), the request's `hitsAddend` when not 0, and `metadata`: the rules'
 //! `metadata` of the descriptors that passed, merged (the first one wins a conflict; maps merge).
+//! Apart from it, `held`: the slots each concurrency descriptor took (`concurrency`, written
+//! whatever the flag says), which Envoy's release at stream end reads back, so that a request that
+//! took nothing gives nothing back.
 //! It must never put a value there that the request or the rules did not give.
 
 use std::collections::BTreeMap;
@@ -9,6 +12,7 @@ use std::collections::BTreeMap;
 use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use super::plan::Planned;
+use crate::algorithm::{Algorithm, ChargeMode};
 use crate::pb::rate_limit_response::{Code, DescriptorStatus};
 use crate::pb::{RateLimitRequest, RateLimitUnit};
 
@@ -133,4 +137,40 @@ pub(super) fn describe(
         fields.insert("metadata".to_owned(), object(passed));
     }
     Struct { fields }
+}
+
+/// The slots each concurrency charge of the call took, by its descriptor's keys joined with `.`
+/// (`user`, `user.model`): its hits when it was charged, 0 when it was refused or not charged (a
+/// probe, an all-or-nothing call refused). `None` when the call has no concurrency charge.
+/// Numbers as text: Envoy's `%DYNAMIC_METADATA(...)%` prints a string as it is.
+pub(super) fn held(
+    request: &RateLimitRequest,
+    planned: &[Planned],
+    charge: ChargeMode,
+    refused: bool,
+) -> Option<(String, Value)> {
+    let mut held = BTreeMap::new();
+    for (d, p) in request.descriptors.iter().zip(planned) {
+        let Some(check) = p.check.as_ref().or(p.layers.first().map(|l| &l.check)) else {
+            continue;
+        };
+        let concurrency = std::iter::once(check)
+            .chain(p.layers.iter().map(|l| &l.check))
+            .any(|c| c.limit.algorithm == Algorithm::Concurrency);
+        if !concurrency || p.refund {
+            continue;
+        }
+        let charged = match charge {
+            ChargeMode::Probe => false,
+            ChargeMode::AllOrNothing => !refused,
+            ChargeMode::EachAlone => true,
+        };
+        let took = match p.decision {
+            Some(decision) if decision.allowed && charged && !decision.by_failure_mode => p.hits,
+            _ => 0,
+        };
+        let keys: Vec<&str> = d.entries.iter().map(|e| e.key.as_str()).collect();
+        held.insert(keys.join("."), text(took.to_string()));
+    }
+    (!held.is_empty()).then(|| ("held".to_owned(), object(held)))
 }

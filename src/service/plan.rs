@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::config::ServiceConfig;
-use crate::algorithm::{Check, Decision, Limit, key};
+use crate::algorithm::{Algorithm, Check, Decision, Limit, key};
 use crate::pb::{RateLimitDescriptor, RateLimitUnit, rate_limit_descriptor};
 use crate::rules::scaling::{self, Scaling};
 use crate::rules::{Layer, Lookup, Rule, Snapshot, Unit};
@@ -153,12 +153,28 @@ pub(super) fn plan(
         )
     };
     let post_paid = config.post_paid_everywhere || rule.as_ref().is_some_and(|r| r.post_paid);
-    let check_of = |key: String, limit: Limit| Check {
-        key,
-        limit,
-        hits,
-        refund: d.is_negative_hits,
-        post_paid,
+    // A rule with a concurrency layer: a negative hit releases slots, and its rate layers keep
+    // the request they counted.
+    let releases_slots = d.is_negative_hits
+        && rule.as_ref().is_some_and(|r| {
+            r.layers
+                .iter()
+                .any(|l| l.limit.algorithm == Algorithm::Concurrency)
+        });
+    let check_of = |key: String, limit: Limit| {
+        let concurrency = limit.algorithm == Algorithm::Concurrency;
+        Check {
+            key,
+            limit,
+            hits: if releases_slots && !concurrency {
+                0
+            } else {
+                hits
+            },
+            refund: d.is_negative_hits,
+            // Slots are not a cost consumed: never recorded past the limit.
+            post_paid: post_paid && !concurrency,
+        }
     };
     let mut layers = Vec::new();
     let check = match rule.as_ref() {

@@ -119,9 +119,15 @@ pub fn build(
         Code::Ok
     };
     let response_headers_to_add = headers(config, planned, &statuses, refused);
-    let dynamic_metadata = config
+    let mut dynamic_metadata = config
         .dynamic_metadata
         .then(|| super::metadata::describe(request, planned, &statuses));
+    if let Some((key, held)) = super::metadata::held(request, planned, config.charge, refused) {
+        dynamic_metadata
+            .get_or_insert_with(Default::default)
+            .fields
+            .insert(key, held);
+    }
     RateLimitResponse {
         overall_code: overall as i32,
         statuses,

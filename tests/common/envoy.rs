@@ -310,6 +310,9 @@ pub struct Gateway {
     pub route_config: String,
     /// Response headers the app adds.
     pub app_headers: Vec<(String, String)>,
+    /// YAML list items put before the app's router (a fault filter that delays it), indented by
+    /// the caller: none.
+    pub app_filters: String,
     /// YAML list items that replace the ratelimit filter built from the fields above (the router
     /// follows):
     /// a config a user copies, such as one of README's (empty: built from the fields above).
@@ -334,6 +337,7 @@ impl Gateway {
             route_rate_limits: String::new(),
             route_config: String::new(),
             app_headers: Vec::new(),
+            app_filters: String::new(),
             http_filters: String::new(),
             health_interval: "5s".into(),
             health_checks: true,
@@ -397,6 +401,7 @@ impl Gateway {
         } else {
             format!("                          response_headers_to_add:\n{app_headers}")
         };
+        let app_filters = indent(&self.app_filters, 18);
         let endpoints: String = self
             .portcullis
             .iter()
@@ -462,7 +467,7 @@ static_resources:
                         - match: {{prefix: "/"}}
                           direct_response: {{status: 200, body: {{inline_string: "hello from the app\n"}}}}
 {app_headers}                http_filters:
-                  - name: envoy.filters.http.router
+{app_filters}                  - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:

@@ -7,7 +7,9 @@ use serde_saphyr::Spanned;
 use super::super::yaml::{MAX_LAYERS, RateLimitYaml};
 use super::super::{Layer, Rule, Unit};
 use super::{Ctx, Flags};
-use crate::algorithm::{Algorithm, Limit};
+use std::time::Duration;
+
+use crate::algorithm::{Algorithm, Limit, concurrency};
 
 impl Ctx<'_> {
     /// A layered rule (`rate_limits:`): each layer validated like a `rate_limit`, none unlimited,
@@ -141,12 +143,13 @@ impl Ctx<'_> {
                 "sliding_window" => Algorithm::SlidingWindow,
                 "token_bucket" => Algorithm::TokenBucket,
                 "fixed_window" => Algorithm::FixedWindow,
+                "concurrency" => Algorithm::Concurrency,
                 other => {
                     self.error(
                         a.referenced.line(),
                         field("algorithm"),
                         format!(
-                            "{other:?} is not one of sliding_window, token_bucket, fixed_window"
+                            "{other:?} is not one of sliding_window, token_bucket, fixed_window, concurrency"
                         ),
                     );
                     self.default_algorithm
@@ -232,13 +235,15 @@ impl Ctx<'_> {
             }
         };
 
+        let lease_us = self.lease(&rl.max_duration, algorithm, unit, requests, at, line);
         if self.errors.len() > errors_before {
             return None;
         }
         let limit = unit.map(|unit| Limit {
             algorithm,
             requests: u64::from(requests),
-            window_us: unit.window_us(),
+            // A concurrency rule's window is its lease.
+            window_us: lease_us.unwrap_or_else(|| unit.window_us()),
             burst,
         });
         Some(Rule {
@@ -257,5 +262,72 @@ impl Ctx<'_> {
             source: Some(self.source(line)),
             layers: Vec::new(),
         })
+    }
+}
+
+impl Ctx<'_> {
+    /// A concurrency rule's lease in microseconds (`max_duration`, else one unit), its slots
+    /// checked against `MAX_SLOTS`; `None` for the other algorithms, where `max_duration` is
+    /// refused.
+    fn lease(
+        &mut self,
+        max_duration: &Option<Spanned<String>>,
+        algorithm: Algorithm,
+        unit: Option<Unit>,
+        requests: u32,
+        at: &str,
+        line: u64,
+    ) -> Option<u64> {
+        let field = |name: &str| format!("{at}.{name}");
+        if algorithm != Algorithm::Concurrency {
+            if let Some(d) = max_duration {
+                self.error(
+                    d.referenced.line(),
+                    field("max_duration"),
+                    format!("only applies to algorithm concurrency, not {algorithm}"),
+                );
+            }
+            return None;
+        }
+        if u64::from(requests) > concurrency::MAX_SLOTS {
+            self.error(
+                line,
+                field("requests_per_unit"),
+                format!(
+                    "{requests} in flight is more than the {} slots a concurrency rule may hold",
+                    concurrency::MAX_SLOTS
+                ),
+            );
+        }
+        let Some(d) = max_duration else {
+            if unit.is_some_and(|u| u.seconds() > Unit::Day.seconds()) {
+                self.error(
+                    line,
+                    field("unit"),
+                    "is a concurrency rule's lease (a slot not released within it is freed by \
+                     itself): at most a day; set max_duration for a shorter one",
+                );
+            }
+            return unit.map(Unit::window_us);
+        };
+        match crate::duration::parse(&d.value) {
+            Ok(lease)
+                if lease >= Duration::from_secs(1) && lease <= Duration::from_secs(86_400) =>
+            {
+                Some(lease.as_micros() as u64)
+            }
+            Ok(_) => {
+                self.error(
+                    d.referenced.line(),
+                    field("max_duration"),
+                    format!("{:?} is not between 1s and 1d", d.value),
+                );
+                None
+            }
+            Err(e) => {
+                self.error(d.referenced.line(), field("max_duration"), e.to_string());
+                None
+            }
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 use redis::Value;
 
+use crate::algorithm::concurrency::{self, Held};
 use crate::algorithm::fixed_window::{self, FixedState};
 use crate::algorithm::sliding_window::{self, SlidingState};
 use crate::algorithm::token_bucket::{self, BucketState};
@@ -148,7 +149,12 @@ pub fn decision(check: &Check, numbers: &[u64], charged: bool) -> Result<Decisio
     };
     let (allowed, now_us) = (*allowed == 1, *now_us);
     let limit = &check.limit;
-    let recorded = check.post_paid && !check.refund && charged && !allowed && check.hits > 0;
+    let recorded = check.post_paid
+        && !check.refund
+        && charged
+        && !allowed
+        && check.hits > 0
+        && limit.algorithm != Algorithm::Concurrency;
     let hits = if recorded { 0 } else { check.hits };
     let outcome: Outcome = match limit.algorithm {
         Algorithm::SlidingWindow => {
@@ -188,6 +194,17 @@ pub fn decision(check: &Check, numbers: &[u64], charged: bool) -> Result<Decisio
                 count: *count,
             };
             fixed_window::summarize(&state, now_us, limit, hits, allowed)
+        }
+        Algorithm::Concurrency => {
+            let [count, first_end_us, last_end_us] = rest else {
+                return Err(protocol("concurrency reply needs held, first and last end"));
+            };
+            let held = Held {
+                count: *count,
+                first_end_us: *first_end_us,
+                last_end_us: *last_end_us,
+            };
+            concurrency::summarize(&held, now_us, limit, hits, allowed)
         }
     };
     Ok(outcome.decision)

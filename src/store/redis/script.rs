@@ -8,6 +8,7 @@
 
 use std::sync::LazyLock;
 
+use crate::algorithm::concurrency;
 use crate::algorithm::sliding_window;
 use crate::algorithm::token_bucket;
 use crate::algorithm::{Algorithm, ChargeMode, Check};
@@ -24,6 +25,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../../../lua/sliding_window.lua"),
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/concurrency.lua"),
     include_str!("../../../lua/check.lua"),
 );
 
@@ -190,7 +192,8 @@ pub fn push_call(
 /// most Envoy's `hits_addend` carries), under the operation's number + 20.
 pub fn push_args(check: &Check, args: &mut Vec<i64>) {
     let limit = &check.limit;
-    let post_paid = check.post_paid && !check.refund;
+    // Slots are not a cost consumed: a concurrency charge is never recorded past its limit.
+    let post_paid = check.post_paid && !check.refund && limit.algorithm != Algorithm::Concurrency;
     let hits = if post_paid {
         check.hits.min(u64::from(u32::MAX))
     } else {
@@ -235,6 +238,14 @@ pub fn push_args(check: &Check, args: &mut Vec<i64>) {
                 0,
                 0,
             ]),
+            Algorithm::Concurrency => args.extend([
+                16,
+                as_i64(limit.window_us.max(1)),
+                as_i64(limit.requests),
+                as_i64(hits.min(concurrency::MAX_SLOTS)),
+                0,
+                0,
+            ]),
         }
         return;
     }
@@ -268,6 +279,14 @@ pub fn push_args(check: &Check, args: &mut Vec<i64>) {
             op(3),
             as_i64(limit.window_us.max(1)),
             as_i64(limit.requests),
+            as_i64(hits),
+            0,
+            0,
+        ]),
+        Algorithm::Concurrency => args.extend([
+            6,
+            as_i64(limit.window_us.max(1)),
+            as_i64(limit.requests.min(concurrency::MAX_SLOTS)),
             as_i64(hits),
             0,
             0,

@@ -1,0 +1,177 @@
+//! Concurrency: at most `requests` hits in flight at once. A charge takes one slot per hit, or is
+//! refused whole; a refund (Envoy's negative hits, sent when the stream is done) releases slots.
+//! Every slot is a lease that ends by itself `window_us` after it was taken (the rule's
+//! `max_duration`), so a gateway that dies holding slots, or a release that is lost, frees them
+//! within that time. The state is the leases' end times, earliest first.
+//!
+//! Leases carry no identity: a release frees the slot that would end first. That never admits
+//! more than the limit while every admitted request releases what it took; it may hold a slot of
+//! a finished request a little longer (until its lease ends) when a stale one was freed instead.
+//! A release with nothing held is a no-op, never a credit.
+
+use super::{Decision, Limit, Outcome, us};
+
+/// The most slots one descriptor may have: each is 8 bytes of state, read and written per call.
+pub const MAX_SLOTS: u64 = 1_000;
+
+/// The ends of the leases held, in microseconds on the store's clock, earliest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseState {
+    pub ends_us: Vec<u64>,
+}
+
+/// What the answer is made of, whichever store holds the leases (the Redis script replies these).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub count: u64,
+    /// The earliest and latest lease ends (0 when nothing is held).
+    pub first_end_us: u64,
+    pub last_end_us: u64,
+}
+
+impl LeaseState {
+    /// Drops the leases that ended at or before `now_us`.
+    fn expire(&mut self, now_us: u64) {
+        let ended = self.ends_us.partition_point(|&end| end <= now_us);
+        self.ends_us.drain(..ended);
+    }
+
+    pub fn held(&self) -> Held {
+        Held {
+            count: self.ends_us.len() as u64,
+            first_end_us: self.ends_us.first().copied().unwrap_or(0),
+            last_end_us: self.ends_us.last().copied().unwrap_or(0),
+        }
+    }
+}
+
+/// Takes `hits` slots if they all fit, each leased until `now_us + window_us`.
+pub fn check(state: &mut LeaseState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    state.expire(now_us);
+    let held = state.ends_us.len() as u64;
+    let allowed = held.saturating_add(hits) <= limit.requests.min(MAX_SLOTS);
+    if allowed && hits > 0 {
+        let end = now_us.saturating_add(limit.window_us.max(1));
+        // Every new lease ends last: now only moves forward (a clock stepped back keeps order
+        // by ending no earlier than the latest one).
+        let end = end.max(state.ends_us.last().copied().unwrap_or(0));
+        state
+            .ends_us
+            .extend(std::iter::repeat_n(end, hits as usize));
+    }
+    summarize(&state.held(), now_us, limit, hits, allowed)
+}
+
+/// Releases up to `hits` slots, those whose leases end first; nothing held, nothing released.
+pub fn refund(state: &mut LeaseState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
+    state.expire(now_us);
+    let released = (hits as usize).min(state.ends_us.len());
+    state.ends_us.drain(..released);
+    summarize(&state.held(), now_us, limit, 0, true)
+}
+
+/// What Envoy is told: `limit` the slots, `remaining` the slots free now, `reset_after` when
+/// every slot held is free at the latest (their leases all ended), `retry_after` (refused) when
+/// one is free at the latest; a release may free one sooner.
+pub fn summarize(held: &Held, now_us: u64, limit: &Limit, hits: u64, allowed: bool) -> Outcome {
+    let slots = limit.requests.min(MAX_SLOTS);
+    let until = |end: u64| end.saturating_sub(now_us);
+    let retry_after = (!allowed && hits <= slots).then(|| {
+        // The leases that must end before `hits` fit.
+        let must_end = (held.count + hits).saturating_sub(slots);
+        let wait = if must_end >= held.count {
+            until(held.last_end_us)
+        } else {
+            until(held.first_end_us)
+        };
+        us(wait.max(1))
+    });
+    Outcome {
+        decision: Decision {
+            allowed,
+            limit: slots,
+            remaining: slots.saturating_sub(held.count),
+            reset_after: us(until(held.last_end_us)),
+            retry_after,
+            by_failure_mode: false,
+        },
+        keep_for_us: if held.count > 0 {
+            until(held.last_end_us)
+        } else {
+            0
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+
+    fn limit(slots: u64, lease_s: u64) -> Limit {
+        Limit {
+            algorithm: Algorithm::Concurrency,
+            requests: slots,
+            window_us: lease_s * 1_000_000,
+            burst: slots,
+        }
+    }
+
+    #[test]
+    fn slots_are_taken_refused_and_released() {
+        let l = limit(2, 60);
+        let mut s = LeaseState::default();
+        assert!(check(&mut s, 1_000, &l, 1).decision.allowed);
+        let second = check(&mut s, 2_000, &l, 1).decision;
+        assert!(second.allowed);
+        assert_eq!(second.remaining, 0);
+        let third = check(&mut s, 3_000, &l, 1).decision;
+        assert!(!third.allowed);
+        // A slot frees by itself when the first lease ends, 60 s after it was taken.
+        assert_eq!(third.retry_after, Some(us(60_000_000 - 2_000)));
+        // A refused charge took nothing: one release frees one slot.
+        let released = refund(&mut s, 4_000, &l, 1).decision;
+        assert_eq!(released.remaining, 1);
+        assert!(check(&mut s, 5_000, &l, 1).decision.allowed);
+        assert!(!check(&mut s, 6_000, &l, 1).decision.allowed);
+    }
+
+    #[test]
+    fn a_release_with_nothing_held_is_not_a_credit() {
+        let l = limit(1, 60);
+        let mut s = LeaseState::default();
+        let r = refund(&mut s, 0, &l, 5).decision;
+        assert_eq!(r.remaining, 1);
+        assert!(check(&mut s, 1, &l, 1).decision.allowed);
+        assert!(!check(&mut s, 2, &l, 1).decision.allowed);
+    }
+
+    #[test]
+    fn leases_end_by_themselves() {
+        let l = limit(1, 10);
+        let mut s = LeaseState::default();
+        assert!(check(&mut s, 0, &l, 1).decision.allowed);
+        assert!(!check(&mut s, 9_999_999, &l, 1).decision.allowed);
+        let later = check(&mut s, 10_000_000, &l, 1);
+        assert!(later.decision.allowed);
+        assert_eq!(later.keep_for_us, 10_000_000);
+        // A late release of the lease that ended releases the new one: the count stays right.
+        refund(&mut s, 10_000_001, &l, 1);
+        assert_eq!(s.ends_us.len(), 0);
+    }
+
+    #[test]
+    fn a_charge_of_several_hits_is_all_or_nothing_and_never_past_the_slots() {
+        let l = limit(3, 60);
+        let mut s = LeaseState::default();
+        assert!(check(&mut s, 0, &l, 2).decision.allowed);
+        let refused = check(&mut s, 1, &l, 2).decision;
+        assert!(!refused.allowed);
+        assert_eq!(s.ends_us.len(), 2);
+        // More than the slots: waiting never helps.
+        assert_eq!(check(&mut s, 2, &l, 4).decision.retry_after, None);
+        // A check-only call (0 hits) takes nothing and passes while a slot is free.
+        assert!(check(&mut s, 3, &l, 0).decision.allowed);
+        assert_eq!(s.ends_us.len(), 2);
+    }
+}
