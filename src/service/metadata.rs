@@ -149,22 +149,21 @@ pub(super) fn held(
     charge: ChargeMode,
     refused: bool,
 ) -> Option<(String, Value)> {
+    let charged = match charge {
+        ChargeMode::Probe => false,
+        ChargeMode::AllOrNothing => !refused,
+        ChargeMode::EachAlone => true,
+    };
     let mut held = BTreeMap::new();
     for (d, p) in request.descriptors.iter().zip(planned) {
-        let Some(check) = p.check.as_ref().or(p.layers.first().map(|l| &l.check)) else {
-            continue;
-        };
-        let concurrency = std::iter::once(check)
+        let concurrency = p
+            .check
+            .iter()
             .chain(p.layers.iter().map(|l| &l.check))
             .any(|c| c.limit.algorithm == Algorithm::Concurrency);
         if !concurrency || p.refund {
             continue;
         }
-        let charged = match charge {
-            ChargeMode::Probe => false,
-            ChargeMode::AllOrNothing => !refused,
-            ChargeMode::EachAlone => true,
-        };
         let took = match p.decision {
             Some(decision) if decision.allowed && charged && !decision.by_failure_mode => p.hits,
             _ => 0,
