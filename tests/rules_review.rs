@@ -585,3 +585,54 @@ fn the_pre_commit_hooks_run_check_and_test() {
         assert!(out.contains("x.yaml:4:"), "{}: {out}", hook.id);
     }
 }
+
+/// A concurrency rule through `portcullis test`: steps that hold slots, are refused, release, and
+/// find the slots of requests whose leases ended free again; `explain` says what it is.
+#[test]
+fn a_concurrency_rule_holds_and_releases_in_a_test_sequence() {
+    const RULES: &str = "domain: llm
+descriptors:
+  - key: user
+    rate_limit: {algorithm: concurrency, requests_per_unit: 2, unit: hour, max_duration: 5m}
+";
+    const TESTS: &str = "domain: llm
+cases:
+  - name: two in flight per user
+    descriptor: [user=alice]
+    expect: {limit: 2/hour, algorithm: concurrency}
+    steps:
+      - {at: 0s, repeat: 2, expect: ok}
+      - {at: 1s, expect: over_limit, remaining: 0, reset: 299s}
+      - {refund: 5}
+      - {repeat: 2, expect: ok, remaining: 0}
+      - {expect: over_limit}
+      - {at: 302s, expect: ok, remaining: 1}
+";
+    let dir = dir_with(&[("rules/llm.yaml", RULES), ("tests/llm.yaml", TESTS)]);
+    let run = |tests: &str| {
+        std::fs::write(dir.path().join("tests/llm.yaml"), tests).unwrap();
+        portcullis(&[
+            "test",
+            s(&dir.path().join("rules")),
+            s(&dir.path().join("tests")),
+        ])
+    };
+    let (code, out) = run(TESTS);
+    assert_eq!(code, 0, "{out}");
+    // A release of 5 with 2 held frees 2, not 5: a third call after it is refused.
+    let (code, out) =
+        run(&TESTS.replace("      - {expect: over_limit}\n", "      - {expect: ok}\n"));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("expected ok, got over_limit"), "{out}");
+
+    let (code, out) = portcullis(&[
+        "explain",
+        "--config",
+        s(&dir.path().join("rules")),
+        "--domain",
+        "llm",
+        "user=alice",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2 per hour, concurrency, lease 300s"), "{out}");
+}

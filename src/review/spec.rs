@@ -257,8 +257,9 @@ fn algorithm(text: &str) -> Result<Algorithm, String> {
         "sliding_window" => Ok(Algorithm::SlidingWindow),
         "token_bucket" => Ok(Algorithm::TokenBucket),
         "fixed_window" => Ok(Algorithm::FixedWindow),
+        "concurrency" => Ok(Algorithm::Concurrency),
         other => Err(format!(
-            "{other:?} is not sliding_window, token_bucket or fixed_window"
+            "{other:?} is not sliding_window, token_bucket, fixed_window or concurrency"
         )),
     }
 }

@@ -132,9 +132,7 @@ impl Layer {
             "{} per {}, {}",
             self.requests_per_unit, self.unit, self.limit.algorithm
         );
-        if self.limit.algorithm == Algorithm::TokenBucket {
-            text.push_str(&format!(", burst {}", self.limit.burst));
-        }
+        text.push_str(&detail(&self.limit));
         if let Some(name) = &self.name {
             text.push_str(&format!(", name {name:?}"));
         }
@@ -186,9 +184,7 @@ impl Rule {
                     "{}: {} per {}, {}",
                     self.full_key, self.requests_per_unit, unit, limit.algorithm
                 );
-                if limit.algorithm == Algorithm::TokenBucket {
-                    text.push_str(&format!(", burst {}", limit.burst));
-                }
+                text.push_str(&detail(limit));
                 if self.shadow_mode {
                     text.push_str(", shadow_mode");
                 }
@@ -205,5 +201,18 @@ impl Rule {
             }
             _ => format!("{}: unlimited", self.full_key),
         }
+    }
+}
+
+/// What an algorithm adds to a limit's description: a token bucket's burst, a concurrency
+/// rule's lease (`, lease 300s`).
+fn detail(limit: &crate::algorithm::Limit) -> String {
+    match limit.algorithm {
+        Algorithm::TokenBucket => format!(", burst {}", limit.burst),
+        Algorithm::Concurrency if limit.window_us.is_multiple_of(1_000_000) => {
+            format!(", lease {}s", limit.window_us / 1_000_000)
+        }
+        Algorithm::Concurrency => format!(", lease {}ms", limit.window_us / 1_000),
+        _ => String::new(),
     }
 }
