@@ -740,3 +740,62 @@ async fn a_busy_sliding_window_key_fits_in_320_bytes_and_both_layouts_share_a_bu
         "hash"
     );
 }
+
+/// A concurrency key costs 8 bytes a slot held past a fixed overhead, and expires with its last
+/// lease: 100 slots of a 1000-slot rule, then every one released (the key is gone).
+#[tokio::test]
+async fn a_concurrency_key_costs_8_bytes_a_slot_and_goes_when_its_slots_do() {
+    let redis = RedisServer::start();
+    let slots = Limit {
+        algorithm: Algorithm::Concurrency,
+        requests: 1000,
+        window_us: 300_000_000,
+        burst: 1000,
+    };
+    let store = connected_store(Topology::Standalone(redis.url()), "cc:").await;
+    let check = |hits: u64, refund: bool| Check {
+        key: key::counter_key("mem", [("user", "busy")], &slots, None),
+        limit: slots,
+        hits,
+        refund,
+        post_paid: false,
+    };
+    let redis_key = store.redis_key(&check(1, false));
+    let usage = || -> u64 {
+        cli(redis.port, &["MEMORY", "USAGE", &redis_key])
+            .parse()
+            .unwrap()
+    };
+    assert!(decide(&store, &[check(10, false)], ScriptClock::Fixed(FUTURE_US)).await[0].allowed);
+    let ten = usage();
+    assert!(
+        decide(
+            &store,
+            &[check(90, false)],
+            ScriptClock::Fixed(FUTURE_US + 1)
+        )
+        .await[0]
+            .allowed
+    );
+    let hundred = usage();
+    eprintln!("MEMORY USAGE of a concurrency key: 10 slots {ten} B, 100 slots {hundred} B");
+    // Redis rounds allocations up: within 10 bytes a slot, and no more than 200 B besides (the
+    // key's name included).
+    assert!(hundred - ten <= 90 * 10, "{ten} B, {hundred} B");
+    assert!(hundred <= 100 * 8 + 200, "{hundred} B for 100 slots");
+    let pttl: u64 = cli(redis.port, &["PTTL", &store.redis_key(&check(1, false))])
+        .parse()
+        .unwrap();
+    assert!(pttl > 0, "every key has a TTL: {pttl}");
+    let released = decide(
+        &store,
+        &[check(100, true)],
+        ScriptClock::Fixed(FUTURE_US + 2),
+    )
+    .await;
+    assert_eq!(released[0].remaining, 1000);
+    assert_eq!(
+        cli(redis.port, &["EXISTS", &store.redis_key(&check(1, false))]),
+        "0"
+    );
+}
