@@ -91,6 +91,9 @@ enum Scenario {
     Three,
     /// One descriptor per call over this many distinct values, every call allowed.
     ManyKeys(u64),
+    /// A concurrency rule: calls alternate a hold and its release (a request through Envoy is
+    /// both), over 1000 values, every call allowed.
+    Concurrency,
 }
 
 impl Scenario {
@@ -100,6 +103,7 @@ impl Scenario {
             Scenario::Denied => "one hot key, denied".into(),
             Scenario::Three => "three descriptors".into(),
             Scenario::ManyKeys(n) => format!("{}k distinct keys", n / 1000),
+            Scenario::Concurrency => "concurrency, a hold and a release".into(),
         }
     }
 
@@ -121,9 +125,14 @@ impl Scenario {
                 .map(|k| descriptor(k, "x".into()))
                 .collect(),
             Scenario::ManyKeys(n) => vec![descriptor("user", (i % n).to_string())],
+            Scenario::Concurrency => {
+                let mut slot = descriptor("cc", (i / 2 % 1000).to_string());
+                slot.is_negative_hits = i % 2 == 1;
+                vec![slot]
+            }
         };
         RateLimitRequest {
-            domain: "bench".into(),
+            domain: self.domain().into(),
             descriptors,
             hits_addend: 0,
         }
@@ -145,20 +154,39 @@ impl Scenario {
         }
     }
 
-    /// Rule hits one call adds to the service's counters.
+    /// The rules domain it calls: the concurrency rule has its own file, written only when no
+    /// build is compared (an older build refuses the algorithm).
+    fn domain(self) -> &'static str {
+        if self == Scenario::Concurrency {
+            "bench_cc"
+        } else {
+            "bench"
+        }
+    }
+
+    /// Rule hits (and refunds) one call adds to the service's counters.
     fn descriptors(self) -> u64 {
         if self == Scenario::Three { 3 } else { 1 }
     }
 }
 
-const ALL: [Scenario; 6] = [
+const ALL: [Scenario; 7] = [
     Scenario::One("sliding window", "sw"),
     Scenario::One("token bucket", "tb"),
     Scenario::One("fixed window", "fw"),
     Scenario::Denied,
     Scenario::Three,
     Scenario::ManyKeys(100_000),
+    Scenario::Concurrency,
 ];
+
+/// The concurrency scenario's rule: slots to spare (a release that overtakes its hold frees
+/// nothing, and its hold's lease ends by itself).
+const CONCURRENCY_RULES: &str = "domain: bench_cc
+descriptors:
+  - key: cc
+    rate_limit: {algorithm: concurrency, requests_per_unit: 1000, unit: minute, max_duration: 10s}
+";
 
 struct Options {
     full: bool,
@@ -424,6 +452,7 @@ async fn drive(
             let counter = counter.clone();
             tokio::spawn(async move {
                 let mut tally = Tally::default();
+                let mut own = 0u64;
                 let period = rate.map(|r| Duration::from_secs_f64(loops as f64 / r));
                 // Spread the paced loops over one period so they do not fire together.
                 let mut next =
@@ -439,7 +468,15 @@ async fn drive(
                     if sent >= end || (period.is_some() && next >= end) {
                         break;
                     }
-                    let i = counter.fetch_add(1, Ordering::Relaxed);
+                    let i = if scenario == Scenario::Concurrency {
+                        // A hold, then its release on the same loop (as a request's stream end
+                        // follows its start); the pairs of the loops spread over the values.
+                        let pair = own / 2 * loops as u64 + n as u64;
+                        own += 1;
+                        pair * 2 + (own - 1) % 2
+                    } else {
+                        counter.fetch_add(1, Ordering::Relaxed)
+                    };
                     let answer = client.should_rate_limit(scenario.request(i)).await;
                     tally
                         .latencies_us
@@ -518,7 +555,9 @@ async fn measure(
     options: &Options,
     rate: Option<f64>,
 ) -> Row {
-    if options.h2load && rate.is_none() && !matches!(scenario, Scenario::ManyKeys(_)) {
+    // h2load sends one request body: only the scenarios of one request shape.
+    let one_shape = !matches!(scenario, Scenario::ManyKeys(_) | Scenario::Concurrency);
+    if options.h2load && rate.is_none() && one_shape {
         return measure_h2load(target, scenario, options);
     }
     let channels = connect(target.server.grpc, options.connections).await;
@@ -561,7 +600,9 @@ async fn measure(
                 tally.calls
             ));
         }
-        let hits = delta("portcullis_rule_hits_total", "domain=\"bench\"");
+        let domain = format!("domain=\"{}\"", scenario.domain());
+        let hits = delta("portcullis_rule_hits_total", &domain)
+            + delta("portcullis_rule_refunded_total", &domain);
         let want = tally.calls * scenario.descriptors();
         if hits as u64 != want {
             problems.push(format!("the service counted {hits} rule hits, want {want}"));
@@ -874,12 +915,17 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir(dir.path().join("rules")).unwrap();
     std::fs::write(dir.path().join("rules/bench.yaml"), RULES).unwrap();
+    let comparing = options.binaries.len() > 1;
+    if !comparing {
+        std::fs::write(dir.path().join("rules/cc.yaml"), CONCURRENCY_RULES).unwrap();
+    }
     let scenarios: Vec<Scenario> = if options.full {
         ALL.to_vec()
     } else {
         vec![ALL[0], Scenario::Three]
     }
     .into_iter()
+    .filter(|s| !(comparing && *s == Scenario::Concurrency))
     .filter(|s| {
         options
             .scenario

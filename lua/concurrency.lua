@@ -23,7 +23,10 @@ local function concurrency_open(key, now)
       end
     end
   end
-  return {ends = ends, n = n, dirty = false}
+  -- The key's TTL is its last lease's end: stored_last says which end it was written with.
+  local stored_last = nil
+  if n > 0 then stored_last = ends[n] end
+  return {ends = ends, n = n, dirty = false, stored_last = stored_last}
 end
 
 local function concurrency_reply(allowed, now, s)
@@ -57,8 +60,13 @@ local function concurrency_flush(key, s, now)
   end
   local parts = {}
   for i = 1, s.n do parts[i] = struct.pack('>i8', s.ends[i]) end
-  redis.call('SET', key, table.concat(parts))
-  redis.call('PEXPIREAT', key, expire_at_ms(now, s.ends[s.n] - now))
+  if s.n > 0 and s.ends[s.n] == s.stored_last then
+    -- The last lease is the one the key expires with already (a release): one write.
+    redis.call('SET', key, table.concat(parts), 'KEEPTTL')
+  else
+    redis.call('SET', key, table.concat(parts))
+    redis.call('PEXPIREAT', key, expire_at_ms(now, s.ends[s.n] - now))
+  end
 end
 
 local function concurrency_refund(key, now, hits, commit)

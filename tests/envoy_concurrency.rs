@@ -19,7 +19,7 @@ use portcullis::pb::RateLimitServiceClient;
 const RULES: &str = "domain: llm
 descriptors:
   - key: user
-    rate_limit: {algorithm: concurrency, requests_per_unit: 2, unit: minute, max_duration: 6s}
+    rate_limit: {algorithm: concurrency, requests_per_unit: 2, unit: minute, max_duration: 8s}
 ";
 
 /// The filter docs/rules.md gives, with the slow app behind it.
@@ -32,7 +32,7 @@ fn gateway(grpc_port: u16) -> Gateway {
     g.app_filters = r#"- name: envoy.filters.http.fault
   typed_config:
     "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
-    delay: {fixed_delay: 3s, percentage: {numerator: 100}}
+    delay: {fixed_delay: 5s, percentage: {numerator: 100}}
     headers: [{name: x-slow, present_match: true}]
 "#
     .into();
@@ -95,7 +95,7 @@ async fn two_in_flight_per_user(store_args: &[&str]) {
     // Two slow requests hold both slots.
     let first = spawn_get(&g, "alice", true);
     let second = spawn_get(&g, "alice", true);
-    wait_free(port, "alice", 0, Duration::from_secs(1)).await;
+    wait_free(port, "alice", 0, Duration::from_secs(3)).await;
     // A third is refused while they run, and its end gives nothing back: still none free.
     let calls_before = grpc_calls(&portcullis).await;
     let third = envoy::get(g.ingress_addr(), None, "/", &[("x-user", "alice")]).await;
@@ -134,15 +134,15 @@ async fn two_in_flight_per_user(store_args: &[&str]) {
     wait_free(port, "alice", 2, Duration::from_secs(2)).await;
 
     // A gateway killed with requests in flight: their releases never come, their leases end
-    // (6 s) and the slots are free again.
+    // (8 s) and the slots are free again.
     let _held = (spawn_get(&g, "carol", true), spawn_get(&g, "carol", true));
-    wait_free(port, "carol", 0, Duration::from_secs(1)).await;
+    wait_free(port, "carol", 0, Duration::from_secs(3)).await;
     let killed_at = Instant::now();
     drop(envoy);
     assert_eq!(free_slots(port, "carol").await, 0, "released by nobody yet");
-    wait_free(port, "carol", 2, Duration::from_secs(8)).await;
+    wait_free(port, "carol", 2, Duration::from_secs(10)).await;
     assert!(
-        killed_at.elapsed() >= Duration::from_millis(4_000),
+        killed_at.elapsed() >= Duration::from_millis(5_000),
         "freed after {:?}: before the leases could end",
         killed_at.elapsed()
     );
