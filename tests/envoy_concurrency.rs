@@ -2,7 +2,7 @@
 //! filter's own `rate_limits` take a slot on the request and give back, when the stream is done,
 //! the slots the answer said were taken (`held` in the dynamic metadata: a request Envoy refused
 //! gives nothing back, although Envoy sends its release too). A slow upstream (a fault filter
-//! delays requests marked `x-slow`) keeps requests in flight. On memory, standalone Redis and
+//! delays requests marked `x-slow`) keeps requests in flight. On memory, standalone Redis, Sentinel and
 //! Cluster: with 2 in flight per user a third concurrent request is refused, a request after
 //! one completes passes; a gateway killed with requests in flight frees their slots when their
 //! leases end (`max_duration`).
@@ -164,4 +164,19 @@ async fn at_most_two_in_flight_per_user_on_cluster() {
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds().join(",");
     two_in_flight_per_user(&["--store", "redis", "--redis-cluster", &seeds]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_two_in_flight_per_user_on_sentinel() {
+    let setup = common::redis::RedisSentinel::start();
+    let sentinels = setup.sentinel_addrs().join(",");
+    two_in_flight_per_user(&[
+        "--store",
+        "redis",
+        "--redis-sentinel",
+        &sentinels,
+        "--redis-master",
+        "mymaster",
+    ])
+    .await;
 }
