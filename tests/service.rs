@@ -619,3 +619,67 @@ async fn grpc_health_reports_serving() {
     }
     server.stop().await;
 }
+
+/// The `held` metadata Envoy's release reads: the slots a concurrency descriptor took, 0 for a
+/// refusal, a probe or a shadow-mode refusal (answered OK, no slot taken), none for a release.
+#[tokio::test]
+async fn held_says_the_slots_each_concurrency_descriptor_took() {
+    const RULES: &str = "domain: cc
+descriptors:
+  - key: user
+    rate_limit: {algorithm: concurrency, requests_per_unit: 1, unit: minute}
+  - key: team
+    shadow_mode: true
+    rate_limit: {algorithm: concurrency, requests_per_unit: 1, unit: minute}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+    let server = TestServer::start(&[("cc.yaml", RULES)]).await;
+    let held = |r: &RateLimitResponse| -> Vec<(String, String)> {
+        let Some(meta) = &r.dynamic_metadata else {
+            return Vec::new();
+        };
+        let Some(prost_types::value::Kind::StructValue(held)) =
+            meta.fields.get("held").and_then(|v| v.kind.clone())
+        else {
+            return Vec::new();
+        };
+        held.fields
+            .into_iter()
+            .map(|(k, v)| match v.kind {
+                Some(prost_types::value::Kind::StringValue(s)) => (k, s),
+                other => panic!("{k}: {other:?}"),
+            })
+            .collect()
+    };
+    let call = || {
+        request(
+            "cc",
+            &[&[("user", "u")], &[("team", "t")], &[("path", "/")]],
+        )
+    };
+    let first = server.ok(call()).await;
+    assert_eq!(first.overall_code, OK);
+    assert_eq!(
+        held(&first),
+        [("team".into(), "1".into()), ("user".into(), "1".into())]
+    );
+    // Both full: user refuses, team (shadow mode) answers OK without a slot.
+    let second = server.ok(call()).await;
+    assert_eq!(second.overall_code, OVER);
+    assert_eq!(
+        held(&second),
+        [("team".into(), "0".into()), ("user".into(), "0".into())]
+    );
+    // A check-only call takes nothing; a release is not a charge.
+    let mut probe = request("cc", &[&[("user", "u")]]);
+    probe.descriptors[0].hits_addend = Some(0);
+    assert_eq!(held(&server.ok(probe).await), [("user".into(), "0".into())]);
+    let mut release = request("cc", &[&[("user", "u")]]);
+    release.descriptors[0].is_negative_hits = true;
+    assert!(held(&server.ok(release).await).is_empty());
+    // No concurrency descriptor: no metadata at all (the flag is off).
+    let plain = server.ok(request("cc", &[&[("path", "/")]])).await;
+    assert!(plain.dynamic_metadata.is_none());
+    server.stop().await;
+}
