@@ -145,7 +145,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
                 cache: quota.cache.clone(),
                 tally: tally.clone(),
                 metrics: metrics.clone(),
-                holder: u64::from(rand::random::<u32>()) << 32,
+                holder: rand::random::<u64>().max(1),
                 serves_rlqs: settings.rlqs.rlqs,
             },
             stopped.clone(),

@@ -26,7 +26,7 @@ pub struct Keeper {
     pub cache: Option<Arc<ReservedCache>>,
     pub tally: Arc<RlsTally>,
     pub metrics: Arc<Metrics>,
-    /// This replica's RLS demand, as a holder: a random half, the low half 0 (no stream's id).
+    /// This replica's RLS demand, as a holder: 64 random bits, as a stream's id.
     pub holder: u64,
     /// Whether this replica serves RLQS: then a failed read is always worth a log line.
     pub serves_rlqs: bool,

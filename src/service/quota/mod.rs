@@ -15,7 +15,6 @@ pub use registry::{Assigned, Registry};
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -74,7 +73,6 @@ struct Inner {
     fallback: Option<Arc<dyn QuotaStore>>,
     metrics: Arc<Metrics>,
     config: QuotaConfig,
-    next_gateway: AtomicU64,
     log: LogThrottle,
     registry: Arc<Registry>,
 }
@@ -105,14 +103,19 @@ impl QuotaService {
                 fallback,
                 metrics,
                 config,
-                // Unique across replicas sharing one Redis: a random half, then a counter.
-                next_gateway: AtomicU64::new(u64::from(rand::random::<u32>()) << 32 | 1),
                 log: LogThrottle::default(),
                 registry: Arc::default(),
             }),
             stopped,
         }
     }
+}
+
+/// A stream's holder id: 64 random bits, unique across every replica sharing one Redis and
+/// every restart (a prefix per replica and a counter gave 32 random bits, and a replica's
+/// streams told apart by their counter only). Never 0.
+fn gateway_id() -> u64 {
+    rand::random::<u64>().max(1)
 }
 
 impl QuotaService {
@@ -142,7 +145,7 @@ impl RateLimitQuotaService for QuotaService {
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
         let inner = self.inner.clone();
-        let gateway = inner.next_gateway.fetch_add(1, Ordering::Relaxed);
+        let gateway = gateway_id();
         let stopped = self.stopped.clone();
         tokio::spawn(async move {
             inner.metrics.quota.streams.inc();
@@ -249,5 +252,17 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod id_tests {
+    #[test]
+    fn every_stream_draws_all_64_bits_of_its_id() {
+        let ids: Vec<u64> = (0..64).map(|_| super::gateway_id()).collect();
+        let high: std::collections::HashSet<u64> = ids.iter().map(|id| id >> 32).collect();
+        // 64 draws of 32 random high bits: all alike only by a chance of 2^-2016.
+        assert!(high.len() > 1, "{ids:x?}");
+        assert!(ids.iter().all(|&id| id != 0));
     }
 }
