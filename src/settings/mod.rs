@@ -230,8 +230,9 @@ pub struct Settings {
     #[arg(long, env = "PORTCULLIS_DENY_CACHE_MAX_AGE", default_value = "1s", value_parser = parse_duration)]
     pub deny_cache_max_age: Duration,
     /// Most counters the memory store (and the `local` failure mode's) holds, about 400 bytes
-    /// each (a concurrency rule's: 8 bytes a slot held, at most 8 KB). When full, a new descriptor is answered by the failure mode (counted, logged) until
-    /// counters expire: a live counter is never evicted, which would hand its budget back.
+    /// each, and as many concurrency slots held in all (8 bytes each). When full, a new
+    /// descriptor is answered by the failure mode (counted, logged) until counters expire: a
+    /// live counter is never evicted, which would hand its budget back.
     #[arg(long, env = "PORTCULLIS_MEMORY_MAX_COUNTERS", default_value_t = crate::store::memory::DEFAULT_MAX_COUNTERS)]
     pub memory_max_counters: usize,
     /// What to answer when the store errs or misses its deadline.

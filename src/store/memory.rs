@@ -43,6 +43,9 @@ pub struct MemoryStore {
     /// store is.
     live: AtomicUsize,
     max_counters: usize,
+    /// Concurrency slots held in all counters (the same bookkeeping as `live`), at most
+    /// `max_counters`: a concurrency counter may hold 1000, 8 bytes each.
+    leases: AtomicUsize,
     /// Temporary scaling factors: field -> (factor, expiry in ms of this store's clock).
     factors: Mutex<HashMap<String, (f64, u64)>>,
 }
@@ -60,6 +63,7 @@ impl MemoryStore {
             clock,
             live: AtomicUsize::new(0),
             max_counters: max_counters.max(1),
+            leases: AtomicUsize::new(0),
             factors: Mutex::new(HashMap::new()),
         })
     }
@@ -164,76 +168,6 @@ impl MemoryStore {
         }
     }
 
-    /// Whether `count` new counters fit, the call's `held` shards locked: expired counters are
-    /// dropped to make room (the held shards', then those of every shard free at this moment);
-    /// a store full of live ones refuses.
-    fn make_room_for(
-        &self,
-        held: &mut [MutexGuard<'_, HashMap<String, Entry>>],
-        count: usize,
-        now_us: u64,
-    ) -> Result<(), StoreError> {
-        let fits = || self.live.load(Ordering::Relaxed) + count <= self.max_counters;
-        if count == 0 || fits() {
-            return Ok(());
-        }
-        for shard in held.iter_mut() {
-            self.retain_live(shard, now_us);
-        }
-        // A shard the call holds answers WouldBlock and is skipped: it was swept above.
-        self.sweep_free_shards(now_us, fits);
-        if fits() {
-            return Ok(());
-        }
-        Err(self.full())
-    }
-
-    /// Drops the expired counters of every shard free at this moment until `enough` holds
-    /// (try_lock never waits, so no lock order is at stake; a busy shard waits for the sweep).
-    fn sweep_free_shards(&self, now_us: u64, enough: impl Fn() -> bool) {
-        for other in self.shards.iter() {
-            if enough() {
-                return;
-            }
-            let mut guard = match other.try_lock() {
-                Ok(guard) => guard,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => continue,
-            };
-            self.retain_live(&mut guard, now_us);
-        }
-    }
-
-    fn full(&self) -> StoreError {
-        StoreError::Unavailable(format!(
-            "the memory store is full ({} live counters, --memory-max-counters); a new \
-             descriptor cannot be counted until some expire",
-            self.max_counters
-        ))
-    }
-
-    /// Whether `key` has, or can get, a counter in `shard`: expired counters are dropped to make
-    /// room; a full shard of live ones refuses.
-    fn make_room(
-        &self,
-        shard: &mut HashMap<String, Entry>,
-        key: &str,
-        now_us: u64,
-    ) -> Result<(), StoreError> {
-        let has_room = || self.live.load(Ordering::Relaxed) < self.max_counters;
-        if has_room() || shard.contains_key(key) {
-            return Ok(());
-        }
-        // Expired counters go: this shard's, then those of every shard free at this moment
-        // (try_lock never waits, so no lock order is at stake; a busy shard waits for the sweep).
-        self.retain_live(shard, now_us);
-        self.sweep_free_shards(now_us, has_room);
-        if has_room() {
-            return Ok(());
-        }
-        Err(self.full())
-    }
-
     /// Runs one check on a locked shard: charges or refunds when `commit`, else only looks.
     fn run_in(
         &self,
@@ -255,9 +189,19 @@ impl MemoryStore {
         if !changes {
             return Ok(outcome.decision);
         }
+        let held_before = shard
+            .get(check.key.as_str())
+            .map_or(0, |e| leases_of(&e.state));
+        let held_after = leases_of(&state);
+        if held_after > held_before
+            && self.leases.load(Ordering::Relaxed) + held_after - held_before > self.max_counters
+        {
+            return Err(self.full());
+        }
         if outcome.keep_for_us == 0 {
             if shard.remove(check.key.as_str()).is_some() {
                 self.live.fetch_sub(1, Ordering::Relaxed);
+                self.leases.fetch_sub(held_before, Ordering::Relaxed);
             }
             return Ok(outcome.decision);
         }
@@ -265,9 +209,13 @@ impl MemoryStore {
         if let Some(entry) = shard.get_mut(check.key.as_str()) {
             entry.state = state;
             entry.expires_at_us = expires_at_us;
+            // Added before taken away: never below zero.
+            self.leases.fetch_add(held_after, Ordering::Relaxed);
+            self.leases.fetch_sub(held_before, Ordering::Relaxed);
         } else {
             self.make_room(shard, &check.key, now_us)?;
             self.live.fetch_add(1, Ordering::Relaxed);
+            self.leases.fetch_add(held_after, Ordering::Relaxed);
             shard.insert(
                 check.key.clone(),
                 Entry {
@@ -297,15 +245,6 @@ impl MemoryStore {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             removed += self.retain_live(&mut shard, now_us);
         }
-        removed
-    }
-
-    /// Drops the expired counters of one locked shard; how many went.
-    fn retain_live(&self, shard: &mut HashMap<String, Entry>, now_us: u64) -> usize {
-        let before = shard.len();
-        shard.retain(|_, entry| entry.expires_at_us > now_us);
-        let removed = before - shard.len();
-        self.live.fetch_sub(removed, Ordering::Relaxed);
         removed
     }
 
@@ -395,6 +334,10 @@ impl Store for Arc<MemoryStore> {
 
 /// The most temporary scaling factors kept at once (set by an operator, but still bounded).
 pub const MAX_FACTORS: usize = 1000;
+
+#[path = "memory_room.rs"]
+mod room;
+use room::leases_of;
 
 #[cfg(test)]
 #[path = "memory_tests.rs"]

@@ -151,3 +151,38 @@ fn near_its_cap_an_all_or_nothing_call_is_charged_whole_or_not_at_all() {
     // `a` was given back whole (its counter is empty and goes); the look made none.
     assert_eq!(store.len(), 1);
 }
+
+/// Concurrency slots count against the cap too (a counter may hold 1000): past as many slots
+/// held in all as counters, a new slot is refused as a full store is, and slots released or
+/// expired make room again.
+#[test]
+fn concurrency_slots_held_in_all_are_bounded_by_the_counter_cap() {
+    let clock = ManualClock::new(1_763_000_000_000_000);
+    let store = MemoryStore::with_max_counters(Arc::new(clock.clone()), 10);
+    let slots = |user: &str, hits: u64, refund: bool| Check {
+        hits,
+        refund,
+        ..check(format!("{{d|cc={user}}}"), Algorithm::Concurrency)
+    };
+    let now = clock.now_us();
+    assert!(store.check_at(&slots("a", 8, false), now).unwrap().allowed);
+    assert!(store.check_at(&slots("b", 2, false), now).unwrap().allowed);
+    // 10 slots held in all: one more is refused by the store, whoever asks.
+    assert!(matches!(
+        store.check_at(&slots("b", 1, false), now),
+        Err(StoreError::Unavailable(_))
+    ));
+    // Released: room again.
+    assert!(store.check_at(&slots("a", 3, true), now).unwrap().allowed);
+    assert!(store.check_at(&slots("b", 3, false), now).unwrap().allowed);
+    assert!(store.check_at(&slots("c", 1, false), now).is_err());
+    // The leases end (60 s): swept, the slots are free.
+    clock.advance_us(60_000_001);
+    store.sweep();
+    assert!(
+        store
+            .check_at(&slots("c", 10, false), clock.now_us())
+            .unwrap()
+            .allowed
+    );
+}
