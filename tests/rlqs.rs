@@ -548,3 +548,35 @@ async fn reports_past_the_rate_are_paced_not_refused() {
     assert!(metrics.contains("portcullis_rlqs_streams 1"), "{metrics}");
     server.stop().await;
 }
+
+/// A concurrency limit has no rate to share: a bucket meeting one alone is not denied for it, and
+/// a layered rule's rate layer binds as if the concurrency layer were not there (before, the
+/// slots over the lease were read as a rate: 2 slots a minute granted one token every 30 s).
+#[tokio::test]
+async fn a_concurrency_limit_is_left_out_of_rlqs_shares() {
+    const SLOTS: &str = "domain: cc
+descriptors:
+  - key: user
+    rate_limit: {algorithm: concurrency, requests_per_unit: 2, unit: minute}
+  - key: team
+    rate_limits:
+      - {algorithm: concurrency, requests_per_unit: 2, unit: minute}
+      - {unit: second, requests_per_unit: 10}
+";
+    let server = TestServer::start_with(&[("cc.yaml", SLOTS)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+    })
+    .await;
+    let mut gateway = Gateway::open(&server).await;
+    let actions = gateway
+        .report(
+            "cc",
+            &[(&[("user", "u")], 30, 0), (&[("team", "t")], 30, 0)],
+        )
+        .await
+        .unwrap();
+    let words: Vec<String> = actions.iter().map(assigned).collect();
+    assert_eq!(words, ["allow_all ttl 3s", "tokens 10/1s max 10 ttl 3s"]);
+    server.stop().await;
+}

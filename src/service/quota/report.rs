@@ -129,11 +129,14 @@ pub(super) fn plan(
             ..BucketPlan::default()
         };
     }
-    // The tightest limit binds: a layered rule's layer of the lowest rate.
+    // The tightest limit binds: a layered rule's layer of the lowest rate. A concurrency limit
+    // has no rate (slots over a lease are not requests per second) and no token bucket can say
+    // "in flight": RLQS leaves it out (docs/envoy.md).
     let checks = planned
         .check
         .iter()
-        .chain(planned.layers.iter().map(|l| &l.check));
+        .chain(planned.layers.iter().map(|l| &l.check))
+        .filter(|c| c.limit.algorithm != crate::algorithm::Algorithm::Concurrency);
     let rate = |c: &crate::algorithm::Check| c.limit.per_second();
     let Some(binding) = checks.min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
         return BucketPlan {
