@@ -13,7 +13,7 @@ use super::plan::Planned;
 use super::plan::{apply_replaces, plan};
 use super::response;
 use crate::algorithm::reserve::reserve;
-use crate::algorithm::{ChargeMode, Check};
+use crate::algorithm::{Algorithm, ChargeMode, Check};
 use crate::limiter::Limiter;
 use crate::pb::{RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
 use crate::rules::scaling::Scaling;
@@ -84,19 +84,25 @@ impl Decider {
         };
         let held = reserved.reserved(&first.key);
         if held > 0.0 && !first.refund && first.hits > 0 {
-            let binding = checks
+            // The lowest rate; a concurrency limit has none (RLQS leaves it out).
+            let binding = std::iter::once(first)
+                .chain(checks)
+                .filter(|c| c.limit.algorithm != Algorithm::Concurrency)
                 .map(|c| c.limit.per_second())
-                .fold(first.limit.per_second(), f64::min);
-            tally.note(&first.key, first.hits, binding);
+                .reduce(f64::min);
+            if let Some(binding) = binding {
+                tally.note(&first.key, first.hits, binding);
+            }
         }
         held
     }
 
     /// `check` as the limiter counts it: its limit less what gateways hold on its descriptor.
     /// Refunds give back what was spent, whatever is held now.
+    /// A concurrency limit's slots are not a rate gateways hold part of: left as they are.
     fn for_limiter(check: &Check, held: f64) -> Check {
         let mut check = check.clone();
-        if held > 0.0 && !check.refund {
+        if held > 0.0 && !check.refund && check.limit.algorithm != Algorithm::Concurrency {
             check.limit = reserve(&check.limit, held);
         }
         check
@@ -212,5 +218,31 @@ impl Decider {
             p.bind_layers();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Limit;
+
+    #[test]
+    fn what_gateways_hold_comes_off_rates_and_never_off_concurrency_slots() {
+        let check = |algorithm| Check {
+            key: "{d|team=t}:x".into(),
+            limit: Limit {
+                algorithm,
+                requests: 10,
+                window_us: 1_000_000,
+                burst: 10,
+            },
+            hits: 1,
+            refund: false,
+            post_paid: false,
+        };
+        let rate = Decider::for_limiter(&check(Algorithm::FixedWindow), 6.0);
+        assert_eq!(rate.limit.requests, 4);
+        let slots = Decider::for_limiter(&check(Algorithm::Concurrency), 6.0);
+        assert_eq!(slots.limit.requests, 10);
     }
 }
