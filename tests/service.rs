@@ -681,5 +681,25 @@ descriptors:
     // No concurrency descriptor: no metadata at all (the flag is off).
     let plain = server.ok(request("cc", &[&[("path", "/")]])).await;
     assert!(plain.dynamic_metadata.is_none());
+    // Per-rule metrics as for any rule: holds are hits, refusals over limit (shadow mode's
+    // counted apart), releases refunds.
+    let m = server.running.as_ref().unwrap().metrics.encode();
+    let user = r#"{domain="cc",rule="cc.user"}"#;
+    let team = r#"{domain="cc",rule="cc.team"}"#;
+    let sample = |series: String| common::sample(&m, &series);
+    assert_eq!(
+        sample(format!("portcullis_rule_hits_total{user}")),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(format!("portcullis_rule_over_limit_total{user}")),
+        1.0
+    );
+    assert_eq!(sample(format!("portcullis_rule_refunded_total{user}")), 1.0);
+    assert_eq!(
+        sample(format!("portcullis_rule_shadow_mode_total{team}")),
+        1.0
+    );
     server.stop().await;
 }
