@@ -3,8 +3,9 @@
 -- holders dropped, the gateway's demand recorded, its grant set to its max-min fair share within
 -- what the other live holders leave, quantized to what Envoy enforces (rounded down).
 -- KEYS: one hash per rule (field: gateway id, value: "demand:granted:expires_us").
--- ARGV: per key capacity, gateway, demand, ttl_us, demand only (1: RLS calls' demand, recorded
--- with no grant, as algorithm::share::record_demand); then the most holders a rule keeps.
+-- ARGV: per key capacity, gateway, demand, ttl_us, kind (0 a report; 1 RLS calls' demand,
+-- recorded with no grant, as algorithm::share::record_demand; 2 the holder taken off, its stream
+-- ended, as algorithm::share::release); then the most holders a rule keeps.
 -- Reply: {now_us, per key {tokens per fill, fill seconds, what the live grants hold per second
 -- (a string), when the longest ends (us)}}; {0, 0, ...} for no grant. The replica writes the
 -- holds into the reservation index (quota_index.lua) for every replica's RLS path.
@@ -63,7 +64,8 @@ for k, key in ipairs(KEYS) do
   local gateway = ARGV[base + 2]
   local demand = math.max(tonumber(ARGV[base + 3]), 0)
   local ttl = tonumber(ARGV[base + 4])
-  local demand_only = ARGV[base + 5] == '1'
+  local kind = ARGV[base + 5]
+  local demand_only = kind == '1'
   local all = redis.call('HGETALL', key)
   local demands, granted = {}, {}
   local me = nil
@@ -80,7 +82,9 @@ for k, key in ipairs(KEYS) do
     end
   end
   local per_fill, every = 0, 0
-  if me == nil and #demands >= max_holders then
+  if kind == '2' then
+    if me ~= nil then redis.call('HDEL', key, gateway) end
+  elseif me == nil and #demands >= max_holders then
     per_fill, every = 0, 0
   elseif demand_only then
     redis.call('HSET', key, gateway, string.format('%.17g:0:%d', demand, now + ttl))

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestServer;
-use common::rlqs::{Gateway, Usage, assigned, bucket};
+use common::rlqs::{Gateway, Usage, assigned, await_streams, bucket};
 use portcullis::pb::rlqs::{
     BucketAction, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports, Strategy, bucket_action,
 };
@@ -135,6 +135,61 @@ async fn two_gateways_share_a_rule_and_never_hold_more_than_its_rate() {
     assert_eq!(
         grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
         "tokens 10/1s max 10 ttl 3s"
+    );
+    server.stop().await;
+}
+
+/// A stream that ends frees what it held at once: the other gateway gets the whole rate at its
+/// next report, not after the ended stream's grant has run out (a rolling update moved a stream
+/// and the new one was refused everything until then).
+#[tokio::test]
+async fn a_stream_that_ends_frees_its_share_at_once() {
+    let server = server().await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let tenant: &[(&str, &str)] = &[("tenant", "moved")];
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    let mut old = Gateway::open(&server).await;
+    assert_eq!(
+        grant(old.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    drop(old);
+    await_streams(admin, 0).await;
+    // No time has passed on the store's clock: only the release frees it.
+    let mut new = Gateway::open(&server).await;
+    assert_eq!(
+        grant(new.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    server.stop().await;
+}
+
+/// A gateway that names itself keeps its holds across a broken stream: while it reconnects,
+/// another gateway cannot take them, and its next stream is the same holder (its own grant is
+/// not counted against it).
+#[tokio::test]
+async fn a_named_gateway_keeps_its_holds_across_streams() {
+    let server = server().await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let tenant: &[(&str, &str)] = &[("tenant", "named")];
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    let mut first = Gateway::open_named(&server, "gateway-7").await;
+    assert_eq!(
+        grant(first.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    drop(first);
+    await_streams(admin, 0).await;
+    let mut other = Gateway::open(&server).await;
+    assert_eq!(
+        grant(other.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    let mut again = Gateway::open_named(&server, "gateway-7").await;
+    // Its fair half now that the other asks too: from its own holder, nothing held twice.
+    assert_eq!(
+        grant(again.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 5/1s max 5 ttl 3s"
     );
     server.stop().await;
 }

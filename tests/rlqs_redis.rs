@@ -14,13 +14,13 @@ use common::TestServer;
 use common::redis::{RedisCluster, RedisServer, connected_store, redis_settings};
 use common::rlqs::{Gateway, assigned};
 use portcullis::clock::ManualClock;
-use portcullis::store::quota::{Ask, MemoryQuota, QuotaStore};
+use portcullis::store::quota::{Ask, AskKind, MemoryQuota, QuotaStore};
 use portcullis::store::redis::Topology;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-/// Random reports of five gateways on three rules, with RLS demand among them, against Redis and
+/// Random reports of five gateways on three rules, with RLS demand and streams' ends among them, against Redis and
 /// against the memory model: the same grants, report after report, and at the end the same
 /// reservations read back (what RLS on every replica counts against).
 async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
@@ -31,7 +31,13 @@ async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
         let asks: Vec<Ask> = (0..rng.random_range(1..=3))
             .map(|_| {
                 let rule = rng.random_range(0..3);
-                let demand_only = rng.random_bool(0.15);
+                // RLS demand, a stream's end, or a report.
+                let kind = match rng.random_range(0..20) {
+                    0..3 => AskKind::Demand,
+                    3..5 => AskKind::Release,
+                    _ => AskKind::Grant,
+                };
+                let demand_only = kind == AskKind::Demand;
                 Ask {
                     key: format!("{{m{seed}|rule={rule}}}"),
                     capacity: capacities[rule],
@@ -47,7 +53,7 @@ async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
                     },
                     // Longer than the test: no grant expires in the middle of the comparison.
                     ttl_us: 3_600_000_000,
-                    demand_only,
+                    kind,
                 }
             })
             .collect();

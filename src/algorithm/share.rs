@@ -152,6 +152,12 @@ pub fn record_demand(
     }
 }
 
+/// Takes `gateway`'s holder off (its stream ended): what it held is free at once for the
+/// others' next reports, instead of at its grant's end.
+pub fn release(holders: &mut Vec<Holder>, gateway: u64) {
+    holders.retain(|h| h.gateway != gateway);
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

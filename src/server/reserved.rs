@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::store::StoreError;
-use crate::store::quota::{Ask, QuotaStore, ReservedCache, RlsTally};
+use crate::store::quota::{Ask, AskKind, QuotaStore, ReservedCache, RlsTally};
 use crate::telemetry::{LogThrottle, Metrics};
 
 /// How often: a grant made on another replica is counted by this one's RLS calls within this,
@@ -49,7 +49,7 @@ impl Keeper {
                 demand: hits as f64 / elapsed,
                 // Live until two pushes are missed.
                 ttl_us: 3 * EVERY.as_micros() as u64,
-                demand_only: true,
+                kind: AskKind::Demand,
             })
             .collect();
         let deadline = Instant::now() + EVERY;

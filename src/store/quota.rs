@@ -33,9 +33,31 @@ pub struct Ask {
     pub demand: f64,
     /// How long the grant stands.
     pub ttl_us: u64,
+    /// What the ask is for.
+    pub kind: AskKind,
+}
+
+/// What an ask does to the gateway's holder on its descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskKind {
+    /// A report: the demand recorded, the grant set (`algorithm::share::report`).
+    Grant,
     /// Demand only (RLS calls on the descriptor): recorded for the others' shares, granted
     /// nothing (`algorithm::share::record_demand`).
-    pub demand_only: bool,
+    Demand,
+    /// The holder taken off (its stream ended): granted nothing (`algorithm::share::release`).
+    Release,
+}
+
+impl AskKind {
+    /// The number `lua/quota.lua` reads.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Grant => 0,
+            Self::Demand => 1,
+            Self::Release => 2,
+        }
+    }
 }
 
 /// Per ask, in order: the grant (`None`: nothing this time), or why the store could not say.
@@ -191,6 +213,15 @@ impl MemoryQuota {
         ask: &Ask,
         now: u64,
     ) -> Result<Option<Tokens>, StoreError> {
+        if ask.kind == AskKind::Release {
+            if let Some(holders) = table.get_mut(&ask.key) {
+                share::release(holders, ask.gateway);
+                if holders.is_empty() {
+                    table.remove(&ask.key);
+                }
+            }
+            return Ok(None);
+        }
         if !table.contains_key(&ask.key) && table.len() >= self.max_keys {
             table.retain(|_, holders| holders.iter().any(|h| h.expires_us > now));
             if table.len() >= self.max_keys {
@@ -201,7 +232,7 @@ impl MemoryQuota {
             }
         }
         let holders = table.entry(ask.key.clone()).or_default();
-        if ask.demand_only {
+        if ask.kind == AskKind::Demand {
             share::record_demand(holders, ask.gateway, ask.demand, now, ask.ttl_us);
             return Ok(None);
         }
@@ -282,7 +313,7 @@ mod tests {
             gateway,
             demand,
             ttl_us: 3_000_000,
-            demand_only: false,
+            kind: AskKind::Grant,
         }
     }
 
@@ -323,7 +354,7 @@ mod tests {
         assert_eq!(quota.reserved("{edge|tenant=b}:fw:1000000us"), 0.0);
         // RLS demand asks, and holds nothing.
         let rls = Ask {
-            demand_only: true,
+            kind: AskKind::Demand,
             ..ask("{edge|tenant=a}", 7, 5.0)
         };
         assert_eq!(quota.grant(&[rls], far).await[0], Ok(None));

@@ -39,10 +39,31 @@ impl Gateway {
 
     /// A stream over `channel` (TLS, say).
     pub async fn over(channel: tonic::transport::Channel) -> Gateway {
+        Self::named_over(channel, None).await
+    }
+
+    /// A stream of a gateway that names itself (`x-portcullis-gateway-id`).
+    pub async fn open_named(server: &TestServer, name: &str) -> Gateway {
+        let addr = server.running.as_ref().unwrap().grpc_addr;
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        Self::named_over(channel, Some(name)).await
+    }
+
+    async fn named_over(channel: tonic::transport::Channel, name: Option<&str>) -> Gateway {
         let mut client = RateLimitQuotaServiceClient::new(channel);
         let (tx, outbound) = mpsc::channel(8);
+        let mut request = tonic::Request::new(ReceiverStream::new(outbound));
+        if let Some(name) = name {
+            request
+                .metadata_mut()
+                .insert("x-portcullis-gateway-id", name.parse().unwrap());
+        }
         let rx = client
-            .stream_rate_limit_quotas(ReceiverStream::new(outbound))
+            .stream_rate_limit_quotas(request)
             .await
             .expect("stream opens")
             .into_inner();
@@ -78,6 +99,20 @@ impl Gateway {
             Err(_) => panic!("no answer within 5 s"),
         }
     }
+}
+
+/// Waits (bounded) until the server at `admin` has `streams` RLQS streams open: a stream the
+/// gateway closed is gone, its holds released, once the gauge says so.
+pub async fn await_streams(admin: u16, streams: u64) {
+    let want = format!("portcullis_rlqs_streams {streams}");
+    for _ in 0..200 {
+        let (_, metrics) = super::http(admin, "GET", "/metrics", "").await;
+        if metrics.lines().any(|l| l.trim() == want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the server never had {streams} RLQS streams open");
 }
 
 pub fn bucket(entries: &[(&str, &str)]) -> BucketId {

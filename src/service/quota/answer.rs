@@ -122,6 +122,12 @@ impl Inner {
             planned.push((key, id, rule, ask));
         }
         let asks: Vec<_> = planned.iter().filter_map(|p| p.3.clone()).collect();
+        // Bounded as the buckets are (a reload may move a bucket to another descriptor).
+        for ask in &asks {
+            if state.held.len() < 2 * self.config.max_buckets_per_stream {
+                state.held.insert(ask.key.clone());
+            }
+        }
         let mut grants = if asks.is_empty() {
             Vec::new()
         } else {

@@ -8,9 +8,11 @@
 //! than a rule's rate across the gateways the quota store knows.
 
 mod answer;
+mod identity;
 mod registry;
 mod report;
 
+pub use identity::IDENTITY_HEADER;
 pub use registry::{Assigned, Registry};
 
 use std::pin::Pin;
@@ -24,12 +26,13 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use self::identity::{gateway_id, identity, named_gateway_id};
 use self::report::Buckets;
 use super::Decider;
 use crate::limiter::FailureMode;
 use crate::pb::rlqs::{RateLimitQuotaResponse, RateLimitQuotaService, RateLimitQuotaUsageReports};
 use crate::rules::Snapshot;
-use crate::store::quota::QuotaStore;
+use crate::store::quota::{Ask, AskKind, QuotaStore};
 use crate::telemetry::{KindLabels, LogThrottle, Metrics};
 
 /// Bounds and timing of the quota service.
@@ -111,13 +114,6 @@ impl QuotaService {
     }
 }
 
-/// A stream's holder id: 64 random bits, unique across every replica sharing one Redis and
-/// every restart (a prefix per replica and a counter gave 32 random bits, and a replica's
-/// streams told apart by their counter only). Never 0.
-fn gateway_id() -> u64 {
-    rand::random::<u64>().max(1)
-}
-
 impl QuotaService {
     /// What this replica has assigned, for `/rlqs`.
     pub fn registry(&self) -> Arc<Registry> {
@@ -142,14 +138,35 @@ impl RateLimitQuotaService for QuotaService {
                 self.inner.config.max_streams
             ))
         })?;
+        let identity = match identity(&request) {
+            Ok(identity) => identity,
+            Err(status) => {
+                self.inner.count_error("malformed");
+                return Err(status);
+            }
+        };
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
         let inner = self.inner.clone();
-        let gateway = gateway_id();
+        let gateway = identity
+            .as_deref()
+            .map_or_else(gateway_id, named_gateway_id);
         let stopped = self.stopped.clone();
         tokio::spawn(async move {
             inner.metrics.quota.streams.inc();
-            inner.serve(inbound, &tx, gateway, stopped).await;
+            let mut state = StreamState::new(inner.config.reporting_interval);
+            let ending = inner
+                .serve(inbound, &tx, gateway, stopped, &mut state)
+                .await;
+            // Before the stream ends (a draining server waits for it): what it held is free
+            // for the gateway's next stream, on any replica, at its first report. A gateway
+            // that names itself keeps its holds: its next stream is the same holder.
+            if identity.is_none() {
+                inner.release(gateway, &state).await;
+            }
+            if let Some(status) = ending {
+                let _ = tx.send(Err(status)).await;
+            }
             inner.registry.forget(&inner.metrics, gateway);
             inner.metrics.quota.streams.dec();
             drop(permit);
@@ -162,6 +179,8 @@ impl RateLimitQuotaService for QuotaService {
 struct StreamState {
     domain: Option<String>,
     buckets: Buckets,
+    /// The descriptors the stream holds part of (its store keys; at most one per bucket).
+    held: std::collections::HashSet<String>,
     last_report: Option<Instant>,
     /// The longest gap between reports seen (the filter's interval, or longer).
     interval: Duration,
@@ -169,7 +188,57 @@ struct StreamState {
     reports_in_window: u32,
 }
 
+impl StreamState {
+    fn new(interval: Duration) -> Self {
+        Self {
+            domain: None,
+            buckets: Buckets::new(),
+            held: std::collections::HashSet::new(),
+            last_report: None,
+            interval,
+            window_start: Instant::now(),
+            reports_in_window: 0,
+        }
+    }
+}
+
 impl Inner {
+    /// Takes the stream's holders off every descriptor it held (bounded by the store timeout;
+    /// a failure leaves them to end with their grants, logged and counted).
+    async fn release(&self, gateway: u64, state: &StreamState) {
+        if state.held.is_empty() {
+            return;
+        }
+        let asks: Vec<Ask> = state
+            .held
+            .iter()
+            .map(|key| Ask {
+                key: key.clone(),
+                capacity: 0.0,
+                gateway,
+                demand: 0.0,
+                ttl_us: 0,
+                kind: AskKind::Release,
+            })
+            .collect();
+        let deadline = Instant::now() + self.config.store_timeout;
+        if let Some(fallback) = &self.fallback {
+            // What it was granted from this replica's memory while the store was away.
+            let _ = fallback.grant(&asks, deadline).await;
+        }
+        let released = tokio::time::timeout_at(deadline, self.quota.grant(&asks, deadline)).await;
+        let error = match released {
+            Ok(answers) => answers.into_iter().find_map(Result::err),
+            Err(_) => Some(crate::store::StoreError::Timeout(self.config.store_timeout)),
+        };
+        if let Some(error) = error {
+            self.metrics.quota.store_errors.inc();
+            if let Some(skipped) = self.log.allow() {
+                tracing::warn!(gateway, %error, similar_not_logged = skipped, "RLQS stream ended; its holds could not be released and end with their grants");
+            }
+        }
+    }
+
     fn count_error(&self, kind: &str) {
         self.metrics
             .quota
@@ -184,27 +253,19 @@ impl Inner {
         tx: &mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
         gateway: u64,
         mut stopped: watch::Receiver<bool>,
-    ) {
-        let mut state = StreamState {
-            domain: None,
-            buckets: Buckets::new(),
-            last_report: None,
-            interval: self.config.reporting_interval,
-            window_start: Instant::now(),
-            reports_in_window: 0,
-        };
+        state: &mut StreamState,
+    ) -> Option<Status> {
         loop {
             let message = tokio::select! {
                 _ = async { let _ = stopped.wait_for(|s| *s).await; } => {
                     // Envoy reopens its stream, to another replica once this one has gone.
-                    let _ = tx.send(Err(Status::unavailable("Portcullis is stopping: reconnect"))).await;
-                    return;
+                    return Some(Status::unavailable("Portcullis is stopping: reconnect"));
                 }
                 message = inbound.message() => message,
             };
             let report = match message {
                 Ok(Some(report)) => report,
-                Ok(None) => return,
+                Ok(None) => return None,
                 Err(status) => {
                     // A report past --max-message-bytes arrives as OUT_OF_RANGE: said back to
                     // the gateway like any other refusal.
@@ -217,8 +278,7 @@ impl Inner {
                     if let Some(skipped) = self.log.allow() {
                         tracing::warn!(gateway, kind, %status, similar_not_logged = skipped, "RLQS stream failed");
                     }
-                    let _ = tx.send(Err(status)).await;
-                    return;
+                    return Some(status);
                 }
             };
             // One span per report (every few seconds per gateway), exported like RLS calls'.
@@ -228,12 +288,11 @@ impl Inner {
                 buckets = report.bucket_quota_usages.len()
             );
             let answer =
-                tracing::Instrument::instrument(self.answer(report, &mut state, gateway), span)
-                    .await;
+                tracing::Instrument::instrument(self.answer(report, state, gateway), span).await;
             match answer {
                 Ok(response) => {
                     if !response.bucket_action.is_empty() && tx.send(Ok(response)).await.is_err() {
-                        return;
+                        return None;
                     }
                 }
                 Err((kind, status)) => {
@@ -247,22 +306,9 @@ impl Inner {
                             "RLQS stream closed"
                         );
                     }
-                    let _ = tx.send(Err(status)).await;
-                    return;
+                    return Some(status);
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod id_tests {
-    #[test]
-    fn every_stream_draws_all_64_bits_of_its_id() {
-        let ids: Vec<u64> = (0..64).map(|_| super::gateway_id()).collect();
-        let high: std::collections::HashSet<u64> = ids.iter().map(|id| id >> 32).collect();
-        // 64 draws of 32 random high bits: all alike only by a chance of 2^-2016.
-        assert!(high.len() > 1, "{ids:x?}");
-        assert!(ids.iter().all(|&id| id != 0));
     }
 }

@@ -18,7 +18,7 @@ use crate::pb::rlqs::{
 use crate::pb::{RateLimitDescriptor, RateLimitRequest, rate_limit_descriptor};
 use crate::rules::Snapshot;
 use crate::service::Decider;
-use crate::store::quota::Ask;
+use crate::store::quota::{Ask, AskKind};
 
 /// A bucket id in a stable order (the map's entries sorted): one bucket, one key.
 pub(super) type BucketKey = Vec<(String, String)>;
@@ -151,7 +151,7 @@ pub(super) fn plan(
         gateway,
         demand,
         ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
-        demand_only: false,
+        kind: AskKind::Grant,
     };
     BucketPlan {
         rule: name,

@@ -59,7 +59,7 @@ impl RedisStore {
                 .arg(ask.gateway.to_string())
                 .arg(ask.demand.to_string())
                 .arg(ask.ttl_us)
-                .arg(u8::from(ask.demand_only));
+                .arg(ask.kind.code());
         }
         cmd.arg(MAX_HOLDERS);
         let reply = self.query(cmd, deadline).await?;
