@@ -17,6 +17,10 @@ domain: edge
 descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 10}
+  - key: tenant
+    value: shared-*
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 10}
 ";
 
 /// The filter as docs/envoy.md gives it: one bucket per `x-tenant` value, allowed until the
@@ -141,6 +145,43 @@ async fn a_gateway_offered_three_times_the_rate_converges_to_it() {
         metrics.contains("portcullis_rlqs_assignments_total{kind=\"token_bucket\"}"),
         "{metrics}"
     );
+}
+
+/// Two bucket ids on one shared counter (`shared-*`, `share_threshold`), one gateway, each
+/// offered three times the rate: together within the rate (before, each bucket was given the
+/// whole rate: twice it together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_buckets_on_one_shared_counter_share_its_rate() {
+    let rules = rules_dir();
+    let portcullis = ServeProcess::spawn(rules.path(), &["--rlqs"], &[], &[]);
+    let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
+    g.http_filters = rlqs_filter();
+    let _envoy = g.start();
+    let run = Duration::from_secs(13);
+    let a = tokio::spawn({
+        let g = g.clone();
+        async move { offer(&g, "shared-a", 30, run).await }
+    });
+    let b = offer(&g, "shared-b", 30, run).await;
+    let a = a.await.unwrap();
+    // After the first periodic report (5 s): 7 s at 10/s between the two.
+    let (from, to) = (Duration::from_secs(6), Duration::from_secs(13));
+    let (got_a, sent_a) = admitted_in(&a, from, to);
+    let (got_b, sent_b) = admitted_in(&b, from, to);
+    eprintln!(
+        "RLQS, two buckets on one 10/s counter: {got_a} of {sent_a} + {got_b} of {sent_b} admitted in 7 s"
+    );
+    // The rate, and one bucket (a second of the share) each time an assignment changes.
+    assert!(
+        got_a + got_b <= 70 + 2 * 10,
+        "{got_a} + {got_b} admitted in 7 s at 10/s\n{}",
+        portcullis.log()
+    );
+    assert!(
+        got_a + got_b >= 70 * 6 / 10,
+        "{got_a} + {got_b} admitted in 7 s"
+    );
+    assert!(got_a >= 15 && got_b >= 15, "each a part: {got_a}, {got_b}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

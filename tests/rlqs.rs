@@ -29,6 +29,10 @@ descriptors:
   - key: trial
     shadow_mode: true
     rate_limit: {unit: second, requests_per_unit: 1}
+  - key: api
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 20}
 ";
 
 /// Gateways that report every second: assignments last 3 s.
@@ -190,6 +194,107 @@ async fn a_named_gateway_keeps_its_holds_across_streams() {
     assert_eq!(
         grant(again.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
         "tokens 5/1s max 5 ttl 3s"
+    );
+    server.stop().await;
+}
+
+/// Each action of an answer in words, by the bucket's `api` value.
+fn by_api(actions: &[BucketAction]) -> std::collections::BTreeMap<String, String> {
+    actions
+        .iter()
+        .map(|a| {
+            let id = a.bucket_id.as_ref().expect("a bucket id");
+            (id.bucket["api"].clone(), assigned(a))
+        })
+        .collect()
+}
+
+/// Buckets of one gateway on one shared counter (a `share_threshold` rule: every path under
+/// /api/ one counter) are one holder: its one share is split among them by demand, and a new
+/// bucket's arrival shrinks the others at once, in the same answer. Before, each bucket got a
+/// full share: N paths, N times the rate.
+#[tokio::test]
+async fn buckets_on_one_shared_counter_split_one_share() {
+    let server = server().await;
+    let mut gateway = Gateway::open(&server).await;
+    type Id<'a> = &'a [(&'a str, &'a str)];
+    let (a, b, c): (Id, Id, Id) = (
+        &[("api", "/api/a")],
+        &[("api", "/api/b")],
+        &[("api", "/api/c")],
+    );
+    let got = by_api(
+        &gateway
+            .report("edge", &[(a, 20, 40), (b, 20, 40)])
+            .await
+            .unwrap(),
+    );
+    assert_eq!(got["/api/a"], "tokens 10/1s max 10 ttl 3s");
+    assert_eq!(got["/api/b"], "tokens 10/1s max 10 ttl 3s");
+    // A report of one of them: its part of the one share, the other keeps its own.
+    let got = by_api(&gateway.report("edge", &[(a, 10, 50)]).await.unwrap());
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got["/api/a"], "tokens 10/1s max 10 ttl 3s");
+    // A third path, reported alone as Envoy reports a new bucket (one request): it gets what
+    // it asks, and the busy buckets are sent their smaller parts in the same answer.
+    let got = by_api(&gateway.report("edge", &[(c, 1, 0)]).await.unwrap());
+    let rate = |words: &str| {
+        let n: f64 = words["tokens ".len()..words.find('/').unwrap()]
+            .parse()
+            .unwrap();
+        n
+    };
+    assert_eq!(got["/api/c"], "tokens 1/1s max 1 ttl 3s");
+    let b_now = rate(&got["/api/b"]);
+    let a_now = got.get("/api/a").map_or(10.0, |w| rate(w));
+    assert!(a_now + b_now + 1.0 <= 20.0, "{got:?}");
+    assert!(
+        a_now + b_now + 1.0 >= 19.0,
+        "the share is handed out: {got:?}"
+    );
+    server.stop().await;
+}
+
+/// A client that is not Envoy (gRPC's RLQS clients): the domain in the first report only, a
+/// report every second with `time_elapsed` to the nanosecond. Its demand is what it saw over
+/// that time: 9 requests in 1 s is 9/s (read over the 5 s interval before, 1.8/s, its fair
+/// share was cut to 2/s beside a busy gateway instead of 5).
+#[tokio::test]
+async fn a_client_reporting_every_second_to_the_nanosecond_is_read_as_it_reports() {
+    use portcullis::pb::rlqs::BucketQuotaUsage;
+    let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+    })
+    .await;
+    let tenant: &[(&str, &str)] = &[("tenant", "grpc")];
+    let usage = |allowed: u64, nanos: i32| RateLimitQuotaUsageReports {
+        domain: String::new(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(bucket(tenant)),
+            time_elapsed: Some(prost_types::Duration { seconds: 0, nanos }),
+            num_requests_allowed: allowed,
+            num_requests_denied: 0,
+        }],
+    };
+    let mut client = Gateway::open(&server).await;
+    let first = RateLimitQuotaUsageReports {
+        domain: "edge".into(),
+        ..usage(9, 999_999_999)
+    };
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    assert_eq!(
+        grant(client.send(first).await.unwrap()),
+        "tokens 10/1s max 10 ttl 11s"
+    );
+    let mut busy = Gateway::open(&server).await;
+    assert_eq!(
+        grant(busy.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "deny_all ttl 11s"
+    );
+    // 9 a second against the busy one's 30: half each (max-min fair), no domain named.
+    assert_eq!(
+        grant(client.send(usage(9, 999_999_999)).await.unwrap()),
+        "tokens 5/1s max 5 ttl 11s"
     );
     server.stop().await;
 }

@@ -91,6 +91,14 @@ impl Gateway {
                 })
                 .collect(),
         };
+        self.send(report).await
+    }
+
+    /// Sends `report` as it is and waits (bounded) for the answer.
+    pub async fn send(
+        &mut self,
+        report: RateLimitQuotaUsageReports,
+    ) -> Result<Vec<BucketAction>, tonic::Status> {
         self.tx.send(report).await.expect("stream open");
         match tokio::time::timeout(Duration::from_secs(5), self.rx.message()).await {
             Ok(Ok(Some(response))) => Ok(response.bucket_action),

@@ -1,18 +1,40 @@
-//! One usage report answered: the stream's bounds checked (reports per second, buckets, one
-//! domain), each bucket planned, the grants asked of the quota store in one call (the failure
-//! mode, or this replica's own memory under `local`, where it cannot answer), and an action per
-//! bucket built and recorded. It must never answer part of a malformed report.
+//! One usage report answered, step by step: the stream's pace and domain, the report's bounds,
+//! each bucket planned to its rule, the buckets on one descriptor made one hold (`hold.rs`), the
+//! holds asked of the quota store in one call (the failure mode, or this replica's own memory
+//! under `local`, where it cannot answer), each share split among its buckets, and an action
+//! built and recorded per bucket: those reported, and the stream's other buckets whose part
+//! changed. It must never answer part of a malformed report.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::Status;
 
-use super::report::{self, allow_all, bucket_key, deny_all, plan, token_bucket};
+use super::hold::{self, Member};
+use super::report::{self, BucketKey, allow_all, bucket_key, deny_all, plan, token_bucket};
 use super::{Inner, StreamState};
+use crate::algorithm::share::Tokens;
 use crate::limiter::FailureMode;
-use crate::pb::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use crate::pb::rlqs::{
+    BucketAction, BucketId, BucketQuotaUsage, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use crate::store::StoreError;
+use crate::store::quota::Ask;
 use crate::telemetry::{KindLabels, RuleLabels};
+
+type Refusal = (&'static str, Status);
+
+/// One reported bucket, planned.
+struct Planned {
+    key: BucketKey,
+    id: BucketId,
+    rule: Option<String>,
+    ask: Option<Ask>,
+}
+
+/// Demand below a second of reporting is read over a second: Envoy's first report of a new
+/// bucket comes at once, its time_elapsed near zero.
+const MIN_ELAPSED_S: f64 = 1.0;
 
 impl Inner {
     /// Answers one report, or says why the stream ends.
@@ -21,10 +43,120 @@ impl Inner {
         report: RateLimitQuotaUsageReports,
         state: &mut StreamState,
         gateway: u64,
-    ) -> Result<RateLimitQuotaResponse, (&'static str, Status)> {
-        // Past the reports a stream may send in a second, the next waits for the next second:
-        // Envoy sends one at once for every new bucket, so a burst of new tenants is paced, not
-        // refused (unread reports wait in HTTP/2 flow control, not in memory here).
+    ) -> Result<RateLimitQuotaResponse, Refusal> {
+        let now = self.pace(state).await;
+        let domain = stream_domain(state, &report.domain)?;
+        if let Some(last) = state.last_report {
+            state.interval = state.interval.max(now.duration_since(last));
+        }
+        state.last_report = Some(now);
+        let ttl = Duration::from_secs(2 * state.interval.as_secs_f64().ceil() as u64 + 1);
+        let usages = self.bounded(&report, state)?;
+        let planned = self.plan_all(&domain, usages, gateway, ttl);
+        let asks: Vec<Option<(Ask, &BucketKey)>> = planned
+            .iter()
+            .map(|p| p.ask.clone().map(|a| (a, &p.key)))
+            .collect();
+        let holds = hold::holds(&asks, &state.buckets);
+        let demands = asks_demand(&asks);
+        // Bounded as the buckets are (a reload may move a bucket to another descriptor).
+        for h in &holds {
+            if state.held.len() < 2 * self.config.max_buckets_per_stream {
+                state.held.insert(h.ask.key.clone());
+            }
+        }
+        let grants = self.grant(&holds, now, gateway).await;
+
+        // Each reported bucket's part (or why there is none); quiet buckets' new parts.
+        let mut parts: Vec<Option<Result<Option<Tokens>, StoreError>>> =
+            (0..planned.len()).map(|_| None).collect();
+        let mut quiet = Vec::new();
+        for (h, grant) in holds.iter().zip(grants) {
+            let demands: Vec<f64> = h.members.iter().map(|m| m.1).collect();
+            let split = grant.map(|g| hold::split(g, &demands));
+            for (j, (member, _)) in h.members.iter().enumerate() {
+                let part = split.as_ref().map(|s| s[j]).map_err(Clone::clone);
+                match member {
+                    Member::Reported(i) => parts[*i] = Some(part),
+                    // A quiet bucket keeps what it has when the store could not answer.
+                    Member::Quiet(key) => {
+                        if let Ok(part) = part {
+                            quiet.push((key.clone(), part));
+                        }
+                    }
+                }
+            }
+        }
+
+        let mut actions = Vec::with_capacity(planned.len() + quiet.len());
+        let mut changes = Vec::with_capacity(actions.capacity());
+        for ((p, part), demand) in planned.into_iter().zip(parts).zip(demands) {
+            let before = state.buckets.get(&p.key);
+            let previous = before.and_then(|b| b.rule.clone());
+            let sent_before = before.and_then(|b| b.sent);
+            // Its rule is gone (a reload removed it): Envoy forgets the bucket.
+            if p.rule.is_none() && previous.is_some() {
+                state.buckets.remove(&p.key);
+                self.count_kind("abandon");
+                actions.push(report::abandon(p.id));
+                changes.push((p.key, None));
+                continue;
+            }
+            let counter = p.ask.as_ref().map(|a| a.key.clone());
+            let (action, sent) = match part {
+                None => {
+                    self.count_kind("allow_all");
+                    (allow_all(p.id, ttl), None)
+                }
+                Some(Ok(part)) => self.assign(p.id, sent_before, part, ttl),
+                Some(Err(error)) => (self.failed(p.id, &error, gateway), None),
+            };
+            changes.push((
+                p.key.clone(),
+                Some(report::describe(&p.key, p.rule.clone(), &action)),
+            ));
+            let bucket = report::BucketState {
+                rule: p.rule,
+                sent,
+                counter,
+                demand,
+            };
+            state.buckets.insert(p.key, bucket);
+            actions.push(action);
+        }
+        // The stream's other buckets on a hold: sent their new part when it shrank (their
+        // buckets together must stay within the share) or grew past what `steady` keeps.
+        for (key, part) in quiet {
+            let Some(bucket) = state.buckets.get_mut(&key) else {
+                continue;
+            };
+            let kept = match part {
+                Some(p) => Some(report::steady(bucket.sent, p)),
+                None => None,
+            };
+            if kept == bucket.sent {
+                continue;
+            }
+            let id = BucketId {
+                bucket: key.iter().cloned().collect(),
+            };
+            let (action, sent) = self.assign(id, bucket.sent, part, ttl);
+            bucket.sent = sent;
+            changes.push((
+                key.clone(),
+                Some(report::describe(&key, bucket.rule.clone(), &action)),
+            ));
+            actions.push(action);
+        }
+        self.registry
+            .record(&self.metrics, state.stream, &domain, changes);
+        Ok(report::response(actions))
+    }
+
+    /// Past the reports a stream may send in a second, the next waits for the next second:
+    /// Envoy sends one at once for every new bucket, so a burst of new tenants is paced, not
+    /// refused (unread reports wait in HTTP/2 flow control, not in memory here).
+    async fn pace(&self, state: &mut StreamState) -> Instant {
         let mut now = Instant::now();
         if now.duration_since(state.window_start) >= Duration::from_secs(1) {
             state.window_start = now;
@@ -38,34 +170,15 @@ impl Inner {
             state.reports_in_window = 0;
         }
         state.reports_in_window += 1;
-        let domain = match (&state.domain, report.domain.as_str()) {
-            (None, "") => {
-                return Err((
-                    "malformed",
-                    Status::invalid_argument("the first report of a stream must name its domain"),
-                ));
-            }
-            (None, d) => {
-                state.domain = Some(d.to_owned());
-                d.to_owned()
-            }
-            (Some(d), "") => d.clone(),
-            (Some(d), other) if d == other => d.clone(),
-            (Some(d), other) => {
-                return Err((
-                    "malformed",
-                    Status::invalid_argument(format!(
-                        "the stream's domain is {d:?}; a report names {other:?} (one stream, one domain)"
-                    )),
-                ));
-            }
-        };
-        if let Some(last) = state.last_report {
-            state.interval = state.interval.max(now.duration_since(last));
-        }
-        state.last_report = Some(now);
-        let ttl = Duration::from_secs(2 * state.interval.as_secs_f64().ceil() as u64 + 1);
+        now
+    }
 
+    /// The report's buckets, each checked, within the stream's bound.
+    fn bounded<'r>(
+        &self,
+        report: &'r RateLimitQuotaUsageReports,
+        state: &StreamState,
+    ) -> Result<Vec<(BucketKey, &'r BucketQuotaUsage)>, Refusal> {
         let mut keyed = Vec::with_capacity(report.bucket_quota_usages.len());
         for usage in &report.bucket_quota_usages {
             let key = bucket_key(usage, &self.config).map_err(|s| ("malformed", s))?;
@@ -84,30 +197,33 @@ impl Inner {
                 )),
             ));
         }
+        Ok(keyed)
+    }
 
+    /// Each bucket to its rule and ask; what the gateway reported counted per rule.
+    fn plan_all(
+        &self,
+        domain: &str,
+        usages: Vec<(BucketKey, &BucketQuotaUsage)>,
+        gateway: u64,
+        ttl: Duration,
+    ) -> Vec<Planned> {
         let snapshot = self.rules.load_full();
-        let mut planned = Vec::with_capacity(keyed.len());
-        for (key, usage) in keyed {
+        let mut planned = Vec::with_capacity(usages.len());
+        for (key, usage) in usages {
             let seen = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
+            // The gateway's own measure of the time the counts cover (gRPC's clients and
+            // Envoy after 1.40 report at their own intervals, to the nanosecond).
             let elapsed = usage.time_elapsed.map_or(0.0, |d| {
                 d.seconds.max(0) as f64 + f64::from(d.nanos.max(0)) / 1e9
             });
-            let demand = seen as f64 / elapsed.max(self.config.reporting_interval.as_secs_f64());
-            let bucket = plan(
-                &self.decider,
-                &snapshot,
-                &domain,
-                &key,
-                gateway,
-                demand,
-                ttl,
-            );
-            let (rule, ask) = (bucket.rule, bucket.ask);
-            if let Some(rule) = &rule {
+            let demand = seen as f64 / elapsed.max(MIN_ELAPSED_S);
+            let bucket = plan(&self.decider, &snapshot, domain, &key, gateway, demand, ttl);
+            if let Some(rule) = &bucket.rule {
                 let labels = RuleLabels {
-                    domain: domain.clone(),
+                    domain: domain.to_owned(),
                     rule: rule.clone(),
                 };
                 let q = &self.metrics.quota;
@@ -119,29 +235,41 @@ impl Inner {
                     .inc_by(usage.num_requests_denied);
             }
             let id = usage.bucket_id.clone().unwrap_or_default();
-            planned.push((key, id, rule, ask));
+            planned.push(Planned {
+                key,
+                id,
+                rule: bucket.rule,
+                ask: bucket.ask,
+            });
         }
-        let asks: Vec<_> = planned.iter().filter_map(|p| p.3.clone()).collect();
-        // Bounded as the buckets are (a reload may move a bucket to another descriptor).
-        for ask in &asks {
-            if state.held.len() < 2 * self.config.max_buckets_per_stream {
-                state.held.insert(ask.key.clone());
-            }
+        planned
+    }
+
+    /// The holds' grants, in their order: from the store within `--rlqs-store-timeout`, and
+    /// under `local` from this replica's memory where the store could not answer.
+    async fn grant(
+        &self,
+        holds: &[hold::Hold],
+        now: Instant,
+        gateway: u64,
+    ) -> Vec<Result<Option<Tokens>, StoreError>> {
+        if holds.is_empty() {
+            return Vec::new();
         }
-        let mut grants = if asks.is_empty() {
-            Vec::new()
-        } else {
-            let deadline = now + self.config.store_timeout;
+        let asks: Vec<Ask> = holds.iter().map(|h| h.ask.clone()).collect();
+        let deadline = now + self.config.store_timeout;
+        let mut grants =
             match tokio::time::timeout_at(deadline, self.quota.grant(&asks, deadline)).await {
                 Ok(grants) => grants,
                 Err(_) => asks
                     .iter()
-                    .map(|_| Err(crate::store::StoreError::Timeout(self.config.store_timeout)))
+                    .map(|_| Err(StoreError::Timeout(self.config.store_timeout)))
                     .collect(),
-            }
+            };
+        if grants.len() != asks.len() {
+            let error = StoreError::Protocol("fewer grants than asks".into());
+            grants = asks.iter().map(|_| Err(error.clone())).collect();
         }
-        .into_iter()
-        .collect::<Vec<_>>();
         if let Some(fallback) = &self.fallback
             && grants.iter().any(Result::is_err)
         {
@@ -154,58 +282,29 @@ impl Inner {
                 }
             }
         }
-        let mut grants = grants.into_iter();
+        grants
+    }
 
-        let mut actions = Vec::with_capacity(planned.len());
-        let mut changes = Vec::with_capacity(planned.len());
-        for (key, id, rule, ask) in planned {
-            let previous = state.buckets.get(&key).and_then(|b| b.rule.clone());
-            let sent_before = state.buckets.get(&key).and_then(|b| b.sent);
-            let mut sent = None;
-            let action = match (&rule, ask) {
-                // Its rule is gone (a reload removed it): Envoy forgets the bucket.
-                (None, _) if previous.is_some() => {
-                    state.buckets.remove(&key);
-                    self.count_kind("abandon");
-                    actions.push(report::abandon(id));
-                    changes.push((key, None));
-                    continue;
-                }
-                (_, None) => {
-                    self.count_kind("allow_all");
-                    allow_all(id, ttl)
-                }
-                (_, Some(_)) => match grants.next() {
-                    Some(Ok(Some(grant))) => {
-                        self.count_kind("token_bucket");
-                        let grant = report::steady(sent_before, grant);
-                        sent = Some(grant);
-                        token_bucket(id, grant, ttl)
-                    }
-                    Some(Ok(None)) => {
-                        self.count_kind("deny_all");
-                        deny_all(id, ttl)
-                    }
-                    Some(Err(error)) => self.failed(id, &error, gateway),
-                    None => self.failed(
-                        id,
-                        &crate::store::StoreError::Protocol("fewer grants than asks".into()),
-                        gateway,
-                    ),
-                },
-            };
-            changes.push((
-                key.clone(),
-                Some(report::describe(&key, rule.clone(), &action)),
-            ));
-            state
-                .buckets
-                .insert(key, report::BucketState { rule, sent });
-            actions.push(action);
+    /// A bucket's part as an action: a token bucket (kept as sent when a little smaller), or
+    /// DENY_ALL for none. Returns the action and the tokens sent.
+    fn assign(
+        &self,
+        id: BucketId,
+        sent_before: Option<Tokens>,
+        part: Option<Tokens>,
+        ttl: Duration,
+    ) -> (BucketAction, Option<Tokens>) {
+        match part {
+            Some(part) => {
+                self.count_kind("token_bucket");
+                let part = report::steady(sent_before, part);
+                (token_bucket(id, part, ttl), Some(part))
+            }
+            None => {
+                self.count_kind("deny_all");
+                (deny_all(id, ttl), None)
+            }
         }
-        self.registry
-            .record(&self.metrics, gateway, &domain, changes);
-        Ok(report::response(actions))
     }
 
     fn count_kind(&self, kind: &str) {
@@ -216,7 +315,7 @@ impl Inner {
             .inc();
     }
 
-    fn failed_log(&self, error: &crate::store::StoreError, gateway: u64) {
+    fn failed_log(&self, error: &StoreError, gateway: u64) {
         self.metrics.quota.store_errors.inc();
         if let Some(skipped) = self.log.allow() {
             tracing::error!(gateway, %error, mode = ?self.config.failure_mode, similar_not_logged = skipped, "RLQS grant failed; the failure mode assigns");
@@ -224,12 +323,7 @@ impl Inner {
     }
 
     /// The failure mode's assignment when the quota store could not grant.
-    fn failed(
-        &self,
-        id: crate::pb::rlqs::BucketId,
-        error: &crate::store::StoreError,
-        gateway: u64,
-    ) -> crate::pb::rlqs::BucketAction {
+    fn failed(&self, id: BucketId, error: &StoreError, gateway: u64) -> BucketAction {
         self.failed_log(error, gateway);
         // Short, so that the store's answer comes back at the next report.
         let ttl = Duration::from_secs(self.config.reporting_interval.as_secs().max(1) + 1);
@@ -243,5 +337,34 @@ impl Inner {
                 deny_all(id, ttl)
             }
         }
+    }
+}
+
+/// The demand each reported bucket asked with (0 where it asked nothing).
+fn asks_demand(asks: &[Option<(Ask, &BucketKey)>]) -> Vec<f64> {
+    asks.iter()
+        .map(|a| a.as_ref().map_or(0.0, |(a, _)| a.demand))
+        .collect()
+}
+
+/// The stream's domain: named by its first report, the same (or none) in every later one.
+fn stream_domain(state: &mut StreamState, named: &str) -> Result<String, Refusal> {
+    match (&state.domain, named) {
+        (None, "") => Err((
+            "malformed",
+            Status::invalid_argument("the first report of a stream must name its domain"),
+        )),
+        (None, d) => {
+            state.domain = Some(d.to_owned());
+            Ok(d.to_owned())
+        }
+        (Some(d), "") => Ok(d.clone()),
+        (Some(d), other) if d == other => Ok(d.clone()),
+        (Some(d), other) => Err((
+            "malformed",
+            Status::invalid_argument(format!(
+                "the stream's domain is {d:?}; a report names {other:?} (one stream, one domain)"
+            )),
+        )),
     }
 }

@@ -8,6 +8,7 @@
 //! than a rule's rate across the gateways the quota store knows.
 
 mod answer;
+mod hold;
 mod identity;
 mod registry;
 mod report;
@@ -167,7 +168,7 @@ impl RateLimitQuotaService for QuotaService {
             if let Some(status) = ending {
                 let _ = tx.send(Err(status)).await;
             }
-            inner.registry.forget(&inner.metrics, gateway);
+            inner.registry.forget(&inner.metrics, state.stream);
             inner.metrics.quota.streams.dec();
             drop(permit);
         });
@@ -177,6 +178,8 @@ impl RateLimitQuotaService for QuotaService {
 
 /// One stream's state.
 struct StreamState {
+    /// The stream itself, for the registry (a named gateway's streams share their holder id).
+    stream: u64,
     domain: Option<String>,
     buckets: Buckets,
     /// The descriptors the stream holds part of (its store keys; at most one per bucket).
@@ -191,6 +194,7 @@ struct StreamState {
 impl StreamState {
     fn new(interval: Duration) -> Self {
         Self {
+            stream: gateway_id(),
             domain: None,
             buckets: Buckets::new(),
             held: std::collections::HashSet::new(),

@@ -30,6 +30,10 @@ pub(super) struct BucketState {
     pub rule: Option<String>,
     /// The token bucket last sent for it.
     pub sent: Option<Tokens>,
+    /// The descriptor (store key) whose share it holds part of, if any.
+    pub counter: Option<String>,
+    /// Its demand at its last report, requests per second.
+    pub demand: f64,
 }
 
 /// The grant to send: the one sent before when it is a little smaller than the new one (at
