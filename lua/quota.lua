@@ -14,18 +14,28 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local max_holders = tonumber(ARGV[#ARGV])
 local eps = 1e-9
 
+-- algorithm::share::quantize: the largest rate of at most `rate` among one token every k s (up
+-- to a day) and n tokens every 1, 10 or 60 s; of equal rates the first found.
 local function quantize(rate)
   if rate ~= rate or rate <= 1e-12 then
     return 0, 0
   end
-  if rate + eps >= 1 then
-    return math.floor(rate + eps), 1
+  local best_fill, best_every, best_rate = 0, 0, -1
+  local function consider(fill, every)
+    if fill > 0 and fill / every > best_rate then
+      best_fill, best_every, best_rate = fill, every, fill / every
+    end
   end
-  local every = math.ceil(1 / rate - eps)
-  if every > 3600 then
-    return 0, 0
+  if rate < 1 then
+    local every = math.ceil(1 / rate - eps)
+    if every <= 86400 then
+      consider(1, every)
+    end
   end
-  return 1, every
+  for _, every in ipairs({1, 10, 60}) do
+    consider(math.min(math.floor(rate * every + eps), 4294967295), every)
+  end
+  return best_fill, best_every
 end
 
 local function fair_share(capacity, demands, me)

@@ -18,6 +18,9 @@ descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 10}
   - key: tenant
+    value: slow
+    rate_limit: {unit: minute, requests_per_unit: 90}
+  - key: tenant
     value: shared-*
     share_threshold: true
     rate_limit: {unit: second, requests_per_unit: 10}
@@ -182,6 +185,29 @@ async fn two_buckets_on_one_shared_counter_share_its_rate() {
         "{got_a} + {got_b} admitted in 7 s"
     );
     assert!(got_a >= 15 && got_b >= 15, "each a part: {got_a}, {got_b}");
+}
+
+/// A rate that is no whole number a second (90 a minute, 1.5/s) is granted as 15 tokens every
+/// 10 s in a bucket of one: Envoy 1.40 fills it continuously at 1.5/s (before: one a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_of_one_and_a_half_a_second_is_enforced_as_such() {
+    let rules = rules_dir();
+    let portcullis = ServeProcess::spawn(rules.path(), &["--rlqs"], &[], &[]);
+    let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
+    g.http_filters = rlqs_filter();
+    let _envoy = g.start();
+    let answers = offer(&g, "slow", 10, Duration::from_secs(12)).await;
+    let (got, sent) = admitted_in(&answers, Duration::from_secs(1), Duration::from_secs(12));
+    eprintln!("RLQS, 1.5/s offered 10/s: {got} of {sent} admitted in 11 s");
+    assert!(
+        got <= 17 + 2,
+        "{got} admitted in 11 s at 1.5/s\n{}",
+        portcullis.log()
+    );
+    assert!(
+        got >= 14,
+        "{got} admitted in 11 s at 1.5/s (one a second: 11)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -143,6 +143,40 @@ async fn two_gateways_share_a_rule_and_never_hold_more_than_its_rate() {
     server.stop().await;
 }
 
+/// Eleven gateways on 10/s, each busy: their fair parts of 0.91/s are granted as 9 tokens every
+/// 10 s (0.9/s), 9.9/s together. Before, a part below one a second was one token every k s: one
+/// every 2 s each, 5.5/s together.
+#[tokio::test]
+async fn eleven_gateways_on_ten_a_second_admit_nine_and_more_together() {
+    let server = server().await;
+    let tenant: &[(&str, &str)] = &[("tenant", "eleven")];
+    let mut gateways = Vec::new();
+    for _ in 0..11 {
+        gateways.push(Gateway::open(&server).await);
+    }
+    let mut last = vec![String::new(); 11];
+    // The first holds it all at first; each round every gateway settles into its part.
+    for _ in 0..3 {
+        for (g, words) in gateways.iter_mut().zip(&mut last) {
+            *words = assigned(&g.report("edge", &[(tenant, 3, 27)]).await.unwrap()[0]);
+        }
+    }
+    let per_second = |w: &str| {
+        let fill = w
+            .strip_prefix("tokens ")
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        let (n, every) = fill.split_once('/').unwrap();
+        n.parse::<f64>().unwrap() / every.trim_end_matches('s').parse::<f64>().unwrap()
+    };
+    let total: f64 = last.iter().map(|w| per_second(w)).sum();
+    assert!(total <= 10.0 + 1e-9, "{last:?}");
+    assert!(total >= 9.0, "{total}/s together: {last:?}");
+    server.stop().await;
+}
+
 /// A stream that ends frees what it held at once: the other gateway gets the whole rate at its
 /// next report, not after the ended stream's grant has run out (a rolling update moved a stream
 /// and the new one was refused everything until then).
@@ -238,16 +272,19 @@ async fn buckets_on_one_shared_counter_split_one_share() {
     // A third path, reported alone as Envoy reports a new bucket (one request): it gets what
     // it asks, and the busy buckets are sent their smaller parts in the same answer.
     let got = by_api(&gateway.report("edge", &[(c, 1, 0)]).await.unwrap());
+    // `tokens 95/10s max 9 ttl 3s`: 9.5 a second.
     let rate = |words: &str| {
-        let n: f64 = words["tokens ".len()..words.find('/').unwrap()]
-            .parse()
-            .unwrap();
-        n
+        let fill = &words["tokens ".len()
+            ..words
+                .find(' ')
+                .map_or(0, |_| words[7..].find(' ').unwrap() + 7)];
+        let (n, every) = fill.split_once('/').unwrap();
+        n.parse::<f64>().unwrap() / every.trim_end_matches('s').parse::<f64>().unwrap()
     };
     assert_eq!(got["/api/c"], "tokens 1/1s max 1 ttl 3s");
     let b_now = rate(&got["/api/b"]);
     let a_now = got.get("/api/a").map_or(10.0, |w| rate(w));
-    assert!(a_now + b_now + 1.0 <= 20.0, "{got:?}");
+    assert!(a_now + b_now + 1.0 <= 20.0 + 1e-9, "{got:?}");
     assert!(
         a_now + b_now + 1.0 >= 19.0,
         "the share is handed out: {got:?}"

@@ -49,8 +49,10 @@ pub fn fair_shares(capacity: f64, demands: &[f64]) -> Vec<f64> {
     shares
 }
 
-/// The grant `quantize` can express: whole tokens per whole seconds (Envoy keeps whole seconds
-/// of a fill interval), rounded down so that rounding never over-admits.
+/// The grant `quantize` can express: `per_fill` tokens every `every_s` whole seconds (Envoy keeps
+/// whole seconds of a fill interval, and fills at `per_fill / every_s` a second, continuously),
+/// rounded down so that rounding never over-admits. The bucket Envoy is sent holds a second of
+/// the share, at least one token (`burst`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tokens {
     pub per_fill: u32,
@@ -61,30 +63,54 @@ impl Tokens {
     pub fn per_second(self) -> f64 {
         f64::from(self.per_fill) / f64::from(self.every_s)
     }
+
+    /// What the bucket holds: a second of the share, at least one token.
+    pub fn burst(self) -> u32 {
+        (self.per_fill / self.every_s).max(1)
+    }
 }
 
 /// Below this, two computations of one rate (here and in `lua/quota.lua`, summed in other
 /// orders) are the same rate: rounding must not turn 5 - 1e-15 into 4.
 const EPSILON: f64 = 1e-9;
 
-/// The largest token rate of at most `rate` per second: `n` a second, or one every `k` seconds
-/// below one a second; `None` below one an hour (nothing is granted).
+/// The fill intervals tried besides one token every `k` seconds: a second, ten, a minute. A
+/// share of 10/11 a second is then 9 every 10 s (0.9), not one every 2 s (0.5): eleven gateways
+/// on 10/s admit 9.9/s together, not 5.5.
+const INTERVALS: [u32; 3] = [1, 10, 60];
+
+/// The longest interval of one token: a day (the longest unit a rule has).
+const MAX_EVERY_S: f64 = 86_400.0;
+
+/// The largest token rate of at most `rate` per second among one token every `k` s and `n`
+/// tokens every 1, 10 or 60 s (of equal rates, the first in that order); `None` below one a day
+/// (nothing is granted).
 pub fn quantize(rate: f64) -> Option<Tokens> {
     if !(rate.is_finite()) || rate <= 1e-12 {
         return None;
     }
-    if rate + EPSILON >= 1.0 {
-        let per_fill = (rate + EPSILON).floor().min(f64::from(u32::MAX)) as u32;
-        return Some(Tokens {
-            per_fill,
-            every_s: 1,
-        });
+    let mut best: Option<Tokens> = None;
+    let mut consider = |t: Tokens| {
+        if t.per_fill > 0 && best.is_none_or(|b| t.per_second() > b.per_second()) {
+            best = Some(t);
+        }
+    };
+    if rate < 1.0 {
+        let every_s = (1.0 / rate - EPSILON).ceil();
+        if every_s <= MAX_EVERY_S {
+            consider(Tokens {
+                per_fill: 1,
+                every_s: every_s as u32,
+            });
+        }
     }
-    let every_s = (1.0 / rate - EPSILON).ceil();
-    (every_s <= 3600.0).then_some(Tokens {
-        per_fill: 1,
-        every_s: every_s as u32,
-    })
+    for every_s in INTERVALS {
+        let per_fill = (rate * f64::from(every_s) + EPSILON)
+            .floor()
+            .min(f64::from(u32::MAX)) as u32;
+        consider(Tokens { per_fill, every_s });
+    }
+    best
 }
 
 /// One report of `gateway` on a rule of `capacity` per second, at `now_us`: expired holders are
@@ -178,13 +204,15 @@ mod tests {
 
     #[test]
     fn quantized_grants_round_down_to_what_envoy_can_enforce() {
+        // 10.9 a second: 109 every 10 s (10 a second would leave 0.9 unused).
         assert_eq!(
             quantize(10.9),
             Some(Tokens {
-                per_fill: 10,
-                every_s: 1
+                per_fill: 109,
+                every_s: 10
             })
         );
+        assert_eq!(quantize(10.0).map(Tokens::burst), Some(10));
         // 5 a minute: one every 12 s.
         assert_eq!(
             quantize(5.0 / 60.0),
@@ -193,16 +221,32 @@ mod tests {
                 every_s: 12
             })
         );
-        // 7 a minute: one every 9 s (6.67 a minute), never one every 8 s (7.5).
+        // 7 a minute: 7 every 60 s, exactly (one every 9 s would be 6.67 a minute).
         assert_eq!(
             quantize(7.0 / 60.0),
             Some(Tokens {
-                per_fill: 1,
-                every_s: 9
+                per_fill: 7,
+                every_s: 60
             })
         );
+        // 13 an hour: one every 277 s (12.99 an hour), never one every 276 s.
+        assert_eq!(
+            quantize(13.0 / 3600.0),
+            Some(Tokens {
+                per_fill: 1,
+                every_s: 277
+            })
+        );
+        // 10/11 a second: 9 every 10 s; 1.5 a second: 15 every 10 s.
+        let t = |per_fill, every_s| Some(Tokens { per_fill, every_s });
+        assert_eq!(quantize(10.0 / 11.0), t(9, 10));
+        assert_eq!(quantize(1.5), t(15, 10));
+        // A rule of one a day still grants (it was DENY_ALL for ever below one an hour).
+        assert_eq!(quantize(1.0 / 86_400.0), t(1, 86_400));
         assert_eq!(quantize(0.0), None);
-        assert_eq!(quantize(1.0 / 7200.0), None);
+        assert_eq!(quantize(1.0 / 100_000.0), None);
+        assert_eq!(t(9, 10).unwrap().burst(), 1);
+        assert_eq!(t(25, 10).unwrap().burst(), 2);
     }
 
     #[test]
@@ -281,6 +325,15 @@ mod tests {
                 let live: f64 = holders.iter().filter(|h| h.expires_us > now).map(|h| h.granted).sum();
                 prop_assert!(live <= capacity + 1e-9, "{live} > {capacity}: {holders:?}");
             }
+        }
+
+        #[test]
+        fn a_quantized_rate_never_exceeds_the_rate_and_keeps_nine_tenths_of_it(
+            rate in 0.0001f64..100_000.0,
+        ) {
+            let t = quantize(rate).expect("above one a day");
+            prop_assert!(t.per_second() <= rate * (1.0 + 1e-9), "{t:?} for {rate}");
+            prop_assert!(t.per_second() >= 0.9 * rate || rate < 0.1, "{t:?} for {rate}");
         }
 
         #[test]

@@ -164,9 +164,14 @@ mod tests {
         assert_eq!(split(t(20, 1), &[30.0, 30.0]), [t(10, 1), t(10, 1)]);
         // A small demand gets what it asks; the rest goes to the busy one.
         assert_eq!(split(t(20, 1), &[2.0, 50.0]), [t(2, 1), t(18, 1)]);
-        // Rounded down, the token left over handed out: 7/s in three is 3 + 2 + 2.
+        // 7/s in three: 140 a minute each, 7/s in all.
         let parts = split(t(7, 1), &[9.0, 9.0, 9.0]);
-        assert_eq!(parts, [t(3, 1), t(2, 1), t(2, 1)]);
+        assert_eq!(parts, [t(140, 60), t(140, 60), t(140, 60)]);
+        // Rounded down, the whole token a second left over handed out: 7/s in 9 parts of
+        // 0.77/s is 46 a minute each (6.9/s), then one more a second to the busiest.
+        let parts = split(t(7, 1), &[9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 9.0, 10.0]);
+        let total: f64 = parts.iter().flatten().map(|t| t.per_second()).sum();
+        assert!(total <= 7.0 + 1e-9, "{parts:?}");
         // Below one a second each: 2/s in three busy buckets is one a second for two of them
         // (2/3 rounds down to one every 2 s; the 1/s left over goes to the first).
         let parts = split(t(2, 1), &[9.0, 9.0, 9.0]);

@@ -198,7 +198,7 @@ pub(super) fn deny_all(id: BucketId, ttl: Duration) -> BucketAction {
 /// one token) and refills `per_fill` every `every_s` seconds.
 pub(super) fn token_bucket(id: BucketId, grant: Tokens, ttl: Duration) -> BucketAction {
     let bucket = TokenBucket {
-        max_tokens: grant.per_fill,
+        max_tokens: grant.burst(),
         tokens_per_fill: Some(grant.per_fill),
         // Envoy 1.40 keeps whole seconds of the interval, but tells two buckets apart by the
         // interval's nanoseconds only: these nanoseconds (a few µs at most, dropped by Envoy)
