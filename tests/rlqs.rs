@@ -177,6 +177,25 @@ async fn eleven_gateways_on_ten_a_second_admit_nine_and_more_together() {
     server.stop().await;
 }
 
+/// The deployment's shadow mode (`--shadow-mode`, Go's SHADOW_MODE) answers every RLS call OK:
+/// RLQS allows every bucket likewise (it enforced the rule's share before).
+#[tokio::test]
+async fn global_shadow_mode_allows_every_bucket() {
+    let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        s.shadow_mode = true;
+    })
+    .await;
+    let mut gateway = Gateway::open(&server).await;
+    let actions = gateway
+        .report("edge", &[(&[("tenant", "a")], 30, 0)])
+        .await
+        .unwrap();
+    assert_eq!(assigned(&actions[0]), "allow_all ttl 3s");
+    server.stop().await;
+}
+
 /// A stream that ends frees what it held at once: the other gateway gets the whole rate at its
 /// next report, not after the ended stream's grant has run out (a rolling update moved a stream
 /// and the new one was refused everything until then).

@@ -345,6 +345,13 @@ async fn a_large_report_under_a_slow_redis_is_answered_from_the_store() {
     // Warm: the connection is made and the script loaded before Redis slows down.
     let warm: &[(&str, &str)] = &[("tenant", "warm")];
     gateway.report("edge", &[(warm, 1, 0)]).await.unwrap();
+    // Every command logged, with its number of arguments.
+    common::redis::cli(
+        redis.port,
+        &["CONFIG", "SET", "slowlog-log-slower-than", "0"],
+    );
+    common::redis::cli(redis.port, &["CONFIG", "SET", "slowlog-max-len", "10000"]);
+    common::redis::cli(redis.port, &["SLOWLOG", "RESET"]);
     proxy.delay_answers(Duration::from_millis(20));
     let names: Vec<String> = (0..500).map(|i| format!("t{i}")).collect();
     let ids: Vec<Vec<(&str, &str)>> = names.iter().map(|n| vec![("tenant", n.as_str())]).collect();
@@ -354,4 +361,17 @@ async fn a_large_report_under_a_slow_redis_is_answered_from_the_store() {
     for action in &actions {
         assert_eq!(assigned(action), "tokens 10/1s max 10 ttl 3s");
     }
+    // In script calls of at most 200 asks (three), and the index's one: none holds Redis long.
+    // In script calls of at most 200 asks (about 1,200 arguments each; one call of all 500
+    // was about 3,000): none holds Redis for long.
+    let log = common::redis::cli(redis.port, &["SLOWLOG", "GET", "10000"]);
+    let widest = log
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("... ("))
+        .filter_map(|l| l.split(' ').next()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    eprintln!("the widest script call: {widest} arguments past the first 31");
+    assert!(widest > 1000, "the report went to Redis: {log:.2000}");
+    assert!(widest < 1300, "{widest} arguments in one call");
 }

@@ -127,7 +127,11 @@ pub(super) fn plan(
         return BucketPlan::default();
     };
     let name = Some(rule.full_key.clone());
-    if rule.shadow_mode || rule.is_unlimited() {
+    // Shadow mode, the rule's or the deployment's (`--shadow-mode`, Go's SHADOW_MODE): RLS
+    // answers OK and counts; a gateway is allowed everything. (A quota_mode rule changes
+    // nothing here: a bucket is one descriptor, and a call of one quota descriptor over its
+    // limit is refused as any other.)
+    if rule.shadow_mode || rule.is_unlimited() || decider.config.global_shadow_mode {
         return BucketPlan {
             rule: name,
             ..BucketPlan::default()

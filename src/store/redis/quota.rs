@@ -20,6 +20,9 @@ use crate::store::quota::{
 use crate::store::{StoreError, in_call_order};
 
 const QUOTA: &str = include_str!("../../../lua/quota.lua");
+
+/// The most asks one script call carries.
+const MAX_ASKS_PER_CALL: usize = 200;
 const INDEX: &str = include_str!("../../../lua/quota_index.lua");
 const RESERVED: &str = include_str!("../../../lua/quota_reserved.lua");
 
@@ -123,10 +126,15 @@ impl QuotaStore for RedisStore {
                 };
                 groups.entry(slot).or_default().push(i);
             }
-            let calls = groups.values().map(|members| async move {
-                let group: Vec<&Ask> = members.iter().map(|i| &asks[*i]).collect();
-                (members, self.grant_group(&group, deadline).await)
-            });
+            // A report of thousands of buckets is several script calls of bounded size: none
+            // holds Redis for long (RLS calls queue behind a script).
+            let calls = groups
+                .values()
+                .flat_map(|members| members.chunks(MAX_ASKS_PER_CALL))
+                .map(|members| async move {
+                    let group: Vec<&Ask> = members.iter().map(|i| &asks[*i]).collect();
+                    (members, self.grant_group(&group, deadline).await)
+                });
             let parts =
                 futures_util::future::join_all(calls)
                     .await
@@ -136,7 +144,7 @@ impl QuotaStore for RedisStore {
                             Ok(grants) => grants.into_iter().map(Ok).collect(),
                             Err(error) => members.iter().map(|_| Err(error.clone())).collect(),
                         };
-                        (members.clone(), answers)
+                        (members.to_vec(), answers)
                     });
             let granted = in_call_order(asks.len(), parts);
             // A grant stands only once RLS on every replica can see it (within a read).
@@ -145,11 +153,13 @@ impl QuotaStore for RedisStore {
                 .zip(&granted)
                 .filter_map(|(ask, g)| Some((ask.key.as_str(), g.as_ref().ok()?)))
                 .collect();
-            let indexed = if entries.is_empty() {
-                Ok(())
-            } else {
-                self.index(&entries, deadline).await
-            };
+            let mut indexed = Ok(());
+            for part in entries.chunks(MAX_ASKS_PER_CALL) {
+                indexed = self.index(part, deadline).await;
+                if indexed.is_err() {
+                    break;
+                }
+            }
             granted
                 .into_iter()
                 .map(|g| match (g, &indexed) {
