@@ -7,7 +7,8 @@
 -- recorded with no grant, as algorithm::share::record_demand; 2 the holder taken off, its stream
 -- ended, as algorithm::share::release); then the most holders a rule keeps.
 -- Reply: {now_us, per key {tokens per fill, fill seconds, what the live grants hold per second
--- (a string), when the longest ends (us)}}; {0, 0, ...} for no grant. The replica writes the
+-- (a string), when the longest ends (us), 1 when the gateway is short of its fair share (others
+-- hold it: the replica marks the descriptor contested) else 0}}; {0, 0, ...} for no grant. The replica writes the
 -- holds into the reservation index (quota_index.lua) for every replica's RLS path.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -91,7 +92,7 @@ for k, key in ipairs(KEYS) do
       redis.call('HDEL', key, all[j])
     end
   end
-  local per_fill, every = 0, 0
+  local per_fill, every, short = 0, 0, 0
   if kind == '2' then
     if me ~= nil then redis.call('HDEL', key, gateway) end
   elseif me == nil and #demands >= max_holders then
@@ -109,7 +110,10 @@ for k, key in ipairs(KEYS) do
         others = others + granted[i]
       end
     end
-    per_fill, every = quantize(math.min(fair_share(capacity, demands, me), capacity - others))
+    local fair = fair_share(capacity, demands, me)
+    per_fill, every = quantize(math.min(fair, capacity - others))
+    -- Short: the others hold what its fair share needs (algorithm::share::is_short).
+    if fair > capacity - others + eps then short = 1 end
     local rate = 0
     if every > 0 then
       rate = per_fill / every
@@ -133,6 +137,6 @@ for k, key in ipairs(KEYS) do
   if longest > now then
     redis.call('PEXPIREAT', key, math.floor(longest / 1000) + 1)
   end
-  out[k] = {per_fill, every, string.format('%.17g', held), longest}
+  out[k] = {per_fill, every, string.format('%.17g', held), longest, short}
 end
 return {now, out}

@@ -227,6 +227,50 @@ async fn a_bucket_no_rule_limits_is_never_refused() {
     );
 }
 
+/// A second gateway (its own replica, one Redis) arriving on a rule the first holds whole has
+/// its fair part within 2 s: the first is pushed its smaller grant and the second its grown one
+/// between their reports (before, the second was refused everything until both had reported
+/// again: up to 10 s with Envoy 1.40's 5 s interval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_has_its_fair_part_within_two_seconds() {
+    let redis = common::redis::RedisServer::start();
+    let url = redis.url();
+    let rules = rules_dir();
+    let args = ["--rlqs", "--store", "redis", "--redis-url", &url];
+    let first = ServeProcess::spawn(rules.path(), &args, &[], &[]);
+    let second = ServeProcess::spawn(rules.path(), &args, &[], &[]);
+    let mut a = Gateway::new("edge", &[first.grpc_port]);
+    a.http_filters = rlqs_filter();
+    let mut b = Gateway::new("edge", &[second.grpc_port]);
+    b.http_filters = rlqs_filter();
+    let (_envoy_a, _envoy_b) = (a.start(), b.start());
+    let load_a = tokio::spawn({
+        let a = a.clone();
+        async move { offer(&a, "arrival", 30, Duration::from_secs(16)).await }
+    });
+    // The first alone for 6 s (it holds the whole rate), then the second, offered as much.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let answers_b = offer(&b, "arrival", 30, Duration::from_secs(8)).await;
+    let answers_a = load_a.await.unwrap();
+    // From 2 s after its first request to the end of its run: 6 s at its fair 5/s.
+    let (got_b, sent_b) = admitted_in(&answers_b, Duration::from_secs(2), Duration::from_secs(8));
+    let (got_a, sent_a) = admitted_in(&answers_a, Duration::from_secs(8), Duration::from_secs(14));
+    eprintln!(
+        "RLQS, a second gateway from 2 s after its arrival: {got_b} of {sent_b} admitted in 6 s; the first meanwhile {got_a} of {sent_a}"
+    );
+    // Its fair part, less one fill (a second of it), over 6 s: 30 - 5.
+    assert!(
+        got_b >= 25 * 8 / 10,
+        "{got_b} admitted in 6 s at a fair 5/s\n{}\n{}",
+        first.log(),
+        second.log()
+    );
+    assert!(
+        got_a + got_b <= 60 + 2 * 10,
+        "{got_a} + {got_b} in 6 s at 10/s"
+    );
+}
+
 /// Admitted answers among `answers` whose time falls in `from..to`.
 fn admitted_in(answers: &[(Duration, u16)], from: Duration, to: Duration) -> (usize, usize) {
     let window: Vec<u16> = answers

@@ -35,11 +35,23 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 20}
 ";
 
-/// Gateways that report every second: assignments last 3 s.
+/// Gateways that report every second: assignments last 3 s. No pushes between reports: each
+/// answer a test reads is the one to its report (`pushing_server` for pushes).
 async fn server() -> TestServer {
     TestServer::start_with(&[("edge.yaml", RULES)], |s| {
         s.rlqs.rlqs = true;
         s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        s.rlqs.rlqs_push_interval = Duration::ZERO;
+    })
+    .await
+}
+
+/// As `server`, with pushes every 100 ms.
+async fn pushing_server() -> TestServer {
+    TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        s.rlqs.rlqs_push_interval = Duration::from_millis(100);
     })
     .await
 }
@@ -196,6 +208,49 @@ async fn global_shadow_mode_allows_every_bucket() {
     server.stop().await;
 }
 
+/// A second gateway arriving on a rule the first holds whole is short of its fair part: the
+/// server pushes the first its smaller grant at once (within a push round), and
+/// the second its grown one, instead of both waiting for their next reports (Envoy 1.40: 5 s
+/// each, so 10 s before the newcomer had its part).
+#[tokio::test]
+async fn a_gateway_short_of_its_part_gets_it_by_pushes_within_a_second() {
+    let server = pushing_server().await;
+    let tenant: &[(&str, &str)] = &[("tenant", "pushed")];
+    let mut first = Gateway::open(&server).await;
+    let mut second = Gateway::open(&server).await;
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    assert_eq!(
+        grant(first.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    assert_eq!(
+        grant(second.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    // Neither reports again: the first is pushed its half, then the second grows into it.
+    let shrunk = first.pushed(Duration::from_millis(1500)).await;
+    assert_eq!(
+        shrunk.map(grant).as_deref(),
+        Some("tokens 5/1s max 5 ttl 3s"),
+        "the first is pushed its smaller grant"
+    );
+    let mut grown = None;
+    for _ in 0..4 {
+        if let Some(actions) = second.pushed(Duration::from_millis(600)).await {
+            grown = Some(grant(actions));
+            break;
+        }
+    }
+    assert_eq!(grown.as_deref(), Some("tokens 5/1s max 5 ttl 3s"));
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let (_, metrics) = common::http(admin, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("portcullis_rlqs_pushes_total 2"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
 /// A stream that ends frees what it held at once: the other gateway gets the whole rate at its
 /// next report, not after the ended stream's grant has run out (a rolling update moved a stream
 /// and the new one was refused everything until then).
@@ -288,26 +343,29 @@ async fn buckets_on_one_shared_counter_split_one_share() {
     let got = by_api(&gateway.report("edge", &[(a, 10, 50)]).await.unwrap());
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got["/api/a"], "tokens 10/1s max 10 ttl 3s");
-    // A third path, reported alone as Envoy reports a new bucket (one request): it gets what
-    // it asks, and the busy buckets are sent their smaller parts in the same answer.
+    // A third path, reported alone as Envoy reports a new bucket (at its first request): new,
+    // it is taken to want the whole rate, so it gets an equal third, and the busy buckets are
+    // sent their smaller thirds in the same answer.
     let got = by_api(&gateway.report("edge", &[(c, 1, 0)]).await.unwrap());
-    // `tokens 95/10s max 9 ttl 3s`: 9.5 a second.
-    let rate = |words: &str| {
-        let fill = &words["tokens ".len()
-            ..words
-                .find(' ')
-                .map_or(0, |_| words[7..].find(' ').unwrap() + 7)];
+    // `tokens 400/60s max 6 ttl 3s`: 6.67 a second.
+    let rate = |w: &str| {
+        let fill = w
+            .strip_prefix("tokens ")
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
         let (n, every) = fill.split_once('/').unwrap();
         n.parse::<f64>().unwrap() / every.trim_end_matches('s').parse::<f64>().unwrap()
     };
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got["/api/c"], "tokens 400/60s max 6 ttl 3s");
+    let total: f64 = got.values().map(|w| rate(w)).sum();
+    assert!(total <= 20.0 + 1e-9, "{got:?}");
+    assert!(total >= 19.0, "the share is handed out: {got:?}");
+    // Its next report says it wants one a second: it gets that, and the others grow.
+    let got = by_api(&gateway.report("edge", &[(c, 1, 0)]).await.unwrap());
     assert_eq!(got["/api/c"], "tokens 1/1s max 1 ttl 3s");
-    let b_now = rate(&got["/api/b"]);
-    let a_now = got.get("/api/a").map_or(10.0, |w| rate(w));
-    assert!(a_now + b_now + 1.0 <= 20.0 + 1e-9, "{got:?}");
-    assert!(
-        a_now + b_now + 1.0 >= 19.0,
-        "the share is handed out: {got:?}"
-    );
     server.stop().await;
 }
 
@@ -320,6 +378,8 @@ async fn a_client_reporting_every_second_to_the_nanosecond_is_read_as_it_reports
     use portcullis::pb::rlqs::BucketQuotaUsage;
     let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
         s.rlqs.rlqs = true;
+        // Each answer read is the one to its report.
+        s.rlqs.rlqs_push_interval = Duration::ZERO;
     })
     .await;
     let tenant: &[(&str, &str)] = &[("tenant", "grpc")];
@@ -687,11 +747,14 @@ async fn a_share_that_grows_a_little_keeps_the_gateways_bucket() {
         grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
         "tokens 10/1s max 10 ttl 3s"
     );
-    // The second asks for one a second: the first shrinks to nine, the second gets one.
-    assert_eq!(
-        grant(two.report("edge", &[(tenant, 1, 0)]).await.unwrap()),
-        "deny_all ttl 3s"
-    );
+    // The second asks for one a second (its first report, new, is taken to want it all): the
+    // first shrinks to nine, the second gets one.
+    for _ in 0..2 {
+        assert_eq!(
+            grant(two.report("edge", &[(tenant, 1, 0)]).await.unwrap()),
+            "deny_all ttl 3s"
+        );
+    }
     assert_eq!(
         grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
         "tokens 9/1s max 9 ttl 3s"

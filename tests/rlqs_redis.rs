@@ -108,6 +108,8 @@ async fn replica(adjust: impl FnOnce(&mut portcullis::settings::Settings)) -> Te
     TestServer::start_with(&[("edge.yaml", RULES)], |s| {
         s.rlqs.rlqs = true;
         s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        // Each answer a test reads is the one to its report (pushes: tests/envoy_rlqs.rs).
+        s.rlqs.rlqs_push_interval = Duration::ZERO;
         adjust(s);
     })
     .await
@@ -222,7 +224,7 @@ async fn rls_on_one_replica_beside_a_gateway_on_the_other(a: &TestServer, b: &Te
 }
 
 /// Two replicas with `settings`, each with a gateway's stream, sharing one rule; and RLS through
-/// one beside RLQS through the other.
+/// one beside RLQS through the other; then pushes between them.
 async fn two_replicas_on(settings: impl Fn(&mut portcullis::settings::Settings) + Copy) {
     let a = replica(settings).await;
     let b = replica(settings).await;
@@ -231,6 +233,42 @@ async fn two_replicas_on(settings: impl Fn(&mut portcullis::settings::Settings) 
     two_replicas_share_one_rule(&a, &b).await;
     a.stop().await;
     b.stop().await;
+    let pushing = |s: &mut portcullis::settings::Settings| {
+        settings(s);
+        s.rlqs.rlqs_push_interval = Duration::from_millis(100);
+    };
+    let a = replica(pushing).await;
+    let b = replica(pushing).await;
+    a_newcomer_on_one_replica_shrinks_a_holder_on_the_other(&a, &b).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A gateway on B short of its part (A's gateway holds the rule whole): A reads the contested
+/// descriptor from the store and pushes its gateway the smaller grant, then B its own the
+/// grown one, with neither reporting again.
+async fn a_newcomer_on_one_replica_shrinks_a_holder_on_the_other(a: &TestServer, b: &TestServer) {
+    let tenant: &[(&str, &str)] = &[("tenant", "contested")];
+    let mut one = Gateway::open(a).await;
+    let mut two = Gateway::open(b).await;
+    assert_eq!(
+        assigned(&one.report("edge", &[(tenant, 30, 0)]).await.unwrap()[0]),
+        "tokens 10/1s max 10 ttl 3s"
+    );
+    assert_eq!(
+        assigned(&two.report("edge", &[(tenant, 30, 0)]).await.unwrap()[0]),
+        "deny_all ttl 3s"
+    );
+    let shrunk = one.pushed(Duration::from_secs(2)).await.expect("a push");
+    assert_eq!(assigned(&shrunk[0]), "tokens 5/1s max 5 ttl 3s");
+    let mut grown = None;
+    for _ in 0..10 {
+        if let Some(actions) = two.pushed(Duration::from_millis(300)).await {
+            grown = Some(assigned(&actions[0]));
+            break;
+        }
+    }
+    assert_eq!(grown.as_deref(), Some("tokens 5/1s max 5 ttl 3s"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -154,6 +154,23 @@ pub fn report(
     grant
 }
 
+/// Whether `gateway`'s fair share on `holders` is more than the others' live grants leave it:
+/// they must shrink before it gets its part (quantization alone does not count).
+pub fn is_short(holders: &[Holder], capacity: f64, gateway: u64) -> bool {
+    let Some(me) = holders.iter().position(|h| h.gateway == gateway) else {
+        return false;
+    };
+    let demands: Vec<f64> = holders.iter().map(|h| h.demand).collect();
+    let fair = fair_shares(capacity.max(0.0), &demands)[me];
+    let others: f64 = holders
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != me)
+        .map(|(_, h)| h.granted)
+        .sum();
+    fair > capacity - others + EPSILON
+}
+
 /// Records demand that holds no grant (RLS calls on a descriptor gateways hold part of): it
 /// counts in the others' fair shares, so their next grants leave it its part, which RLS then
 /// finds unreserved. Expired holders are dropped; a new one past `MAX_HOLDERS` is not kept.
@@ -256,8 +273,11 @@ mod tests {
         // Gateway 1 alone, busy: the whole rate.
         let g1 = report(&mut holders, 100.0, 1, 300.0, 0, ttl).unwrap();
         assert_eq!(g1.per_second(), 100.0);
-        // Gateway 2 arrives: gateway 1 still holds everything, so 2 gets nothing yet.
+        // Gateway 2 arrives: gateway 1 still holds everything, so 2 gets nothing yet, and
+        // is short (1 must shrink: the server pushes it a smaller grant).
+        assert!(!is_short(&holders, 100.0, 1));
         assert_eq!(report(&mut holders, 100.0, 2, 300.0, 100_000, ttl), None);
+        assert!(is_short(&holders, 100.0, 2));
         // Gateway 1 reports: its fair half; then 2 grows into the other half.
         assert_eq!(
             report(&mut holders, 100.0, 1, 300.0, 1_000_000, ttl)

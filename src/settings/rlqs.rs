@@ -25,6 +25,11 @@ pub struct RlqsSettings {
     /// and answering it by the failure mode would hand every bucket ALLOW_ALL.
     #[arg(long, env = "PORTCULLIS_RLQS_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub rlqs_store_timeout: Duration,
+    /// How often each replica reads the descriptors on which a gateway is short of its fair
+    /// share, and pushes smaller grants to its streams holding them (between reports); 0 turns
+    /// pushes off (a newcomer then waits for the others' next reports).
+    #[arg(long, env = "PORTCULLIS_RLQS_PUSH_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
+    pub rlqs_push_interval: Duration,
     /// RLQS streams open at once (one per gateway and worker set); more are refused.
     #[arg(long, env = "PORTCULLIS_RLQS_MAX_STREAMS", default_value_t = 1024)]
     pub rlqs_max_streams: usize,

@@ -135,6 +135,14 @@ impl Settings {
             Duration::from_millis(1),
             Duration::from_secs(60),
         );
+        if !self.rlqs.rlqs_push_interval.is_zero() {
+            duration(
+                "--rlqs-push-interval",
+                self.rlqs.rlqs_push_interval,
+                Duration::from_millis(50),
+                Duration::from_secs(60),
+            );
+        }
         duration(
             "--rlqs-reporting-interval",
             self.rlqs.rlqs_reporting_interval,

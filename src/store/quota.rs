@@ -71,10 +71,28 @@ pub type Reservations = HashMap<String, f64>;
 pub type ReservationsFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Reservations, StoreError>> + Send + 'a>>;
 
+pub type ContestedFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<String>, StoreError>> + Send + 'a>>;
+
+/// How long a descriptor stays contested after a gateway found itself short on it: the
+/// replicas re-ask their streams' holds on it meanwhile (every `service::quota` push round).
+pub const CONTESTED_US: u64 = 2_000_000;
+
+/// The most contested descriptors kept (and read back) at once.
+pub const MAX_CONTESTED: usize = 1_000;
+
 /// A store of grants, shared by every replica that serves RLQS from it.
 pub trait QuotaStore: Send + Sync + 'static {
     fn grant<'a>(&'a self, asks: &'a [Ask], deadline: Instant) -> GrantFuture<'a>;
     fn name(&self) -> &'static str;
+
+    /// The descriptors on which a gateway was short of its fair share within the last
+    /// `CONTESTED_US` (others held it): every replica re-asks its streams' holds on them, so
+    /// that those which must shrink are pushed their smaller grants at once, instead of at
+    /// their next report.
+    fn contested(&self, _deadline: Instant) -> ContestedFuture<'_> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
 
     /// Every descriptor some gateway holds part of, with what its live grants hold: what the
     /// replicas' RLS paths read back (a store shared by replicas keeps them in one index).
@@ -177,6 +195,8 @@ pub const MAX_QUOTA_KEYS: usize = 100_000;
 pub struct MemoryQuota {
     clock: Arc<dyn Clock>,
     table: Mutex<HashMap<String, Vec<Holder>>>,
+    /// Descriptor → until when it is contested (µs, the store's clock).
+    contested: Mutex<HashMap<String, u64>>,
     /// The table's size, read without the lock: the RLS path skips the lock while it is 0.
     keys: AtomicUsize,
     max_keys: usize,
@@ -191,6 +211,7 @@ impl MemoryQuota {
         Self {
             clock,
             table: Mutex::new(HashMap::new()),
+            contested: Mutex::new(HashMap::new()),
             keys: AtomicUsize::new(0),
             max_keys,
         }
@@ -236,14 +257,22 @@ impl MemoryQuota {
             share::record_demand(holders, ask.gateway, ask.demand, now, ask.ttl_us);
             return Ok(None);
         }
-        Ok(share::report(
+        let grant = share::report(
             holders,
             ask.capacity,
             ask.gateway,
             ask.demand,
             now,
             ask.ttl_us,
-        ))
+        );
+        if share::is_short(holders, ask.capacity, ask.gateway) {
+            let mut contested = self.contested.lock().unwrap_or_else(|p| p.into_inner());
+            contested.retain(|_, until| *until > now);
+            if contested.len() < MAX_CONTESTED || contested.contains_key(&ask.key) {
+                contested.insert(ask.key.clone(), now + CONTESTED_US);
+            }
+        }
+        Ok(grant)
     }
 }
 
@@ -265,6 +294,13 @@ impl QuotaStore for MemoryQuota {
 
     fn reservations(&self, _deadline: Instant) -> ReservationsFuture<'_> {
         Box::pin(std::future::ready(Ok(self.listed())))
+    }
+
+    fn contested(&self, _deadline: Instant) -> ContestedFuture<'_> {
+        let now = self.clock.now_us();
+        let mut contested = self.contested.lock().unwrap_or_else(|p| p.into_inner());
+        contested.retain(|_, until| *until > now);
+        Box::pin(std::future::ready(Ok(contested.keys().cloned().collect())))
     }
 }
 

@@ -33,6 +33,8 @@ pub struct QuotaMetrics {
     pub store_errors: Counter,
     /// Reports held to the next second (a stream past its reports a second).
     pub reports_paced: Counter,
+    /// Answers pushed between reports (a descriptor held was contested: parts changed).
+    pub pushes: Counter,
     /// Descriptors RLS calls on this replica see partly held by gateways (read each second).
     pub reserved_descriptors: Gauge,
     /// Failed reads of the reservations or pushes of RLS demand (the last read stays in force).
@@ -103,6 +105,13 @@ impl QuotaMetrics {
             "rlqs_assignments",
             "RLQS bucket actions sent, by kind (token_bucket, allow_all, deny_all, abandon)",
             self.assignments.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_pushes",
+            "RLQS answers pushed between reports: a descriptor the stream holds was contested by a gateway short of its fair share, and its parts changed",
+            self.pushes.clone(),
         );
         register(
             registry,

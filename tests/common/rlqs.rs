@@ -109,6 +109,17 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// An answer the server sends unasked within `within` (a push), or `None`.
+    pub async fn pushed(&mut self, within: Duration) -> Option<Vec<BucketAction>> {
+        match tokio::time::timeout(within, self.rx.message()).await {
+            Ok(Ok(Some(response))) => Some(response.bucket_action),
+            Ok(other) => panic!("the stream ended: {other:?}"),
+            Err(_) => None,
+        }
+    }
+}
+
 /// Waits (bounded) until the server at `admin` has `streams` RLQS streams open: a stream the
 /// gateway closed is gone, its holds released, once the gauge says so.
 pub async fn await_streams(admin: u16, streams: u64) {

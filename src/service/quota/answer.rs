@@ -52,7 +52,17 @@ impl Inner {
         state.last_report = Some(now);
         let ttl = Duration::from_secs(2 * state.interval.as_secs_f64().ceil() as u64 + 1);
         let usages = self.bounded(&report, state)?;
-        let planned = self.plan_all(&domain, usages, gateway, ttl);
+        let mut planned = self.plan_all(&domain, usages, gateway, ttl);
+        // A bucket new to the stream has shown no demand yet (Envoy reports it at its first
+        // request): it is taken to want the whole rate, so that it gets an equal part at once
+        // (the others are pushed their smaller ones); its next report says what it wants.
+        for p in &mut planned {
+            if let Some(ask) = p.ask.as_mut()
+                && !state.buckets.contains_key(&p.key)
+            {
+                ask.demand = ask.demand.max(ask.capacity);
+            }
+        }
         let asks: Vec<Option<(Ask, &BucketKey)>> = planned
             .iter()
             .map(|p| p.ask.clone().map(|a| (a, &p.key)))
@@ -60,9 +70,14 @@ impl Inner {
         let holds = hold::holds(&asks, &state.buckets);
         let demands = asks_demand(&asks);
         // Bounded as the buckets are (a reload may move a bucket to another descriptor).
+        state.ttl = ttl;
         for h in &holds {
-            if state.held.len() < 2 * self.config.max_buckets_per_stream {
-                state.held.insert(h.ask.key.clone());
+            let known = state.asks.contains_key(&h.ask.key);
+            if known || state.asks.len() < 2 * self.config.max_buckets_per_stream {
+                state.asks.insert(h.ask.key.clone(), h.ask.clone());
+                if !known {
+                    self.pushes.hold(state.stream, &h.ask.key);
+                }
             }
         }
         let grants = self.grant(&holds, now, gateway).await;
@@ -127,30 +142,37 @@ impl Inner {
         // The stream's other buckets on a hold: sent their new part when it shrank (their
         // buckets together must stay within the share) or grew past what `steady` keeps.
         for (key, part) in quiet {
-            let Some(bucket) = state.buckets.get_mut(&key) else {
-                continue;
-            };
-            let kept = match part {
-                Some(p) => Some(report::steady(bucket.sent, p)),
-                None => None,
-            };
-            if kept == bucket.sent {
-                continue;
+            if let Some((action, change)) = self.requote(state, key, part, ttl) {
+                changes.push(change);
+                actions.push(action);
             }
-            let id = BucketId {
-                bucket: key.iter().cloned().collect(),
-            };
-            let (action, sent) = self.assign(id, bucket.sent, part, ttl);
-            bucket.sent = sent;
-            changes.push((
-                key.clone(),
-                Some(report::describe(&key, bucket.rule.clone(), &action)),
-            ));
-            actions.push(action);
         }
         self.registry
             .record(&self.metrics, state.stream, &domain, changes);
         Ok(report::response(actions))
+    }
+
+    /// A bucket not in the report, given its new `part` of its hold: the action to send and
+    /// the registry's change, when what it has must change.
+    pub(super) fn requote(
+        &self,
+        state: &mut StreamState,
+        key: BucketKey,
+        part: Option<Tokens>,
+        ttl: Duration,
+    ) -> Option<(BucketAction, (BucketKey, Option<super::Assigned>))> {
+        let bucket = state.buckets.get_mut(&key)?;
+        let kept = part.map(|p| report::steady(bucket.sent, p));
+        if kept == bucket.sent {
+            return None;
+        }
+        let id = BucketId {
+            bucket: key.iter().cloned().collect(),
+        };
+        let (action, sent) = self.assign(id, bucket.sent, part, ttl);
+        bucket.sent = sent;
+        let assigned = report::describe(&key, bucket.rule.clone(), &action);
+        Some((action, (key, Some(assigned))))
     }
 
     /// Past the reports a stream may send in a second, the next waits for the next second:
@@ -287,7 +309,7 @@ impl Inner {
 
     /// A bucket's part as an action: a token bucket (kept as sent when a little smaller), or
     /// DENY_ALL for none. Returns the action and the tokens sent.
-    fn assign(
+    pub(super) fn assign(
         &self,
         id: BucketId,
         sent_before: Option<Tokens>,

@@ -10,6 +10,7 @@
 mod answer;
 mod hold;
 mod identity;
+mod push;
 mod registry;
 mod report;
 
@@ -52,6 +53,8 @@ pub struct QuotaConfig {
     pub failure_mode: FailureMode,
     /// The longest wait for the quota store.
     pub store_timeout: Duration,
+    /// How often contested descriptors are read for pushes (`None`: no pushes).
+    pub push_every: Option<Duration>,
 }
 
 impl Default for QuotaConfig {
@@ -65,6 +68,7 @@ impl Default for QuotaConfig {
             max_string_bytes: 1024,
             failure_mode: FailureMode::Allow,
             store_timeout: Duration::from_millis(500),
+            push_every: Some(push::EVERY),
         }
     }
 }
@@ -79,6 +83,8 @@ struct Inner {
     config: QuotaConfig,
     log: LogThrottle,
     registry: Arc<Registry>,
+    /// This replica's streams by what they hold, for pushes between reports.
+    pushes: Arc<push::Pushes>,
 }
 
 /// The tonic service.
@@ -98,6 +104,10 @@ impl QuotaService {
         config: QuotaConfig,
         stopped: watch::Receiver<bool>,
     ) -> Self {
+        let pushes = Arc::new(push::Pushes::default());
+        if let Some(every) = config.push_every {
+            push::spawn(pushes.clone(), quota.clone(), every, stopped.clone());
+        }
         Self {
             streams: Arc::new(Semaphore::new(config.max_streams)),
             inner: Arc::new(Inner {
@@ -109,6 +119,7 @@ impl QuotaService {
                 config,
                 log: LogThrottle::default(),
                 registry: Arc::default(),
+                pushes,
             }),
             stopped,
         }
@@ -156,9 +167,11 @@ impl RateLimitQuotaService for QuotaService {
         tokio::spawn(async move {
             inner.metrics.quota.streams.inc();
             let mut state = StreamState::new(inner.config.reporting_interval);
+            let mut mailbox = inner.pushes.open(state.stream);
             let ending = inner
-                .serve(inbound, &tx, gateway, stopped, &mut state)
+                .serve(inbound, &tx, gateway, stopped, &mut state, &mut mailbox)
                 .await;
+            inner.pushes.close(state.stream, state.asks.keys());
             // Before the stream ends (a draining server waits for it): what it held is free
             // for the gateway's next stream, on any replica, at its first report. A gateway
             // that names itself keeps its holds: its next stream is the same holder.
@@ -182,8 +195,11 @@ struct StreamState {
     stream: u64,
     domain: Option<String>,
     buckets: Buckets,
-    /// The descriptors the stream holds part of (its store keys; at most one per bucket).
-    held: std::collections::HashSet<String>,
+    /// The descriptors the stream holds part of (its store keys, bounded), each with its last
+    /// ask (what a push re-asks with).
+    asks: std::collections::HashMap<String, Ask>,
+    /// How long its assignments last.
+    ttl: Duration,
     last_report: Option<Instant>,
     /// The longest gap between reports seen (the filter's interval, or longer).
     interval: Duration,
@@ -197,7 +213,8 @@ impl StreamState {
             stream: gateway_id(),
             domain: None,
             buckets: Buckets::new(),
-            held: std::collections::HashSet::new(),
+            asks: std::collections::HashMap::new(),
+            ttl: 2 * interval + Duration::from_secs(1),
             last_report: None,
             interval,
             window_start: Instant::now(),
@@ -210,12 +227,12 @@ impl Inner {
     /// Takes the stream's holders off every descriptor it held (bounded by the store timeout;
     /// a failure leaves them to end with their grants, logged and counted).
     async fn release(&self, gateway: u64, state: &StreamState) {
-        if state.held.is_empty() {
+        if state.asks.is_empty() {
             return;
         }
         let asks: Vec<Ask> = state
-            .held
-            .iter()
+            .asks
+            .keys()
             .map(|key| Ask {
                 key: key.clone(),
                 capacity: 0.0,
@@ -258,12 +275,22 @@ impl Inner {
         gateway: u64,
         mut stopped: watch::Receiver<bool>,
         state: &mut StreamState,
+        mailbox: &mut mpsc::Receiver<String>,
     ) -> Option<Status> {
         loop {
             let message = tokio::select! {
                 _ = async { let _ = stopped.wait_for(|s| *s).await; } => {
                     // Envoy reopens its stream, to another replica once this one has gone.
                     return Some(Status::unavailable("Portcullis is stopping: reconnect"));
+                }
+                Some(key) = mailbox.recv() => {
+                    // A descriptor it holds is contested: re-ask now, push what changed.
+                    if let Some(pushed) = self.reassess(&key, state, gateway).await
+                        && tx.send(Ok(pushed)).await.is_err()
+                    {
+                        return None;
+                    }
+                    continue;
                 }
                 message = inbound.message() => message,
             };

@@ -15,7 +15,8 @@ use super::cluster_batch::slot_of;
 use super::connection::Backend;
 use crate::algorithm::share::{MAX_HOLDERS, Tokens};
 use crate::store::quota::{
-    Ask, GrantFuture, Grants, MAX_QUOTA_KEYS, QuotaStore, Reservations, ReservationsFuture,
+    Ask, CONTESTED_US, ContestedFuture, GrantFuture, Grants, MAX_CONTESTED, MAX_QUOTA_KEYS,
+    QuotaStore, Reservations, ReservationsFuture,
 };
 use crate::store::{StoreError, in_call_order};
 
@@ -25,11 +26,19 @@ const QUOTA: &str = include_str!("../../../lua/quota.lua");
 const MAX_ASKS_PER_CALL: usize = 200;
 const INDEX: &str = include_str!("../../../lua/quota_index.lua");
 const RESERVED: &str = include_str!("../../../lua/quota_reserved.lua");
+const CONTEST: &str = include_str!("../../../lua/quota_contest.lua");
+const CONTESTED: &str = include_str!("../../../lua/quota_contested.lua");
 
 /// One descriptor's grants after a report: the reporting gateway's grant, what all live grants
 /// hold (per second), when the longest ends and the clock they were computed on (µs).
+/// One ask's reply from `lua/quota.lua`: tokens per fill, fill seconds, what the live grants
+/// hold, when the longest ends, short (1).
+type ScriptGrant = (u32, u32, String, i64, u8);
+
 struct Granted {
     tokens: Option<Tokens>,
+    /// The gateway is short of its fair share: its descriptor goes into the contested feed.
+    short: bool,
     held: String,
     ends_us: i64,
     now_us: i64,
@@ -39,6 +48,31 @@ impl RedisStore {
     /// The grants of descriptor `tag`.
     fn quota_key(&self, tag: &str) -> String {
         format!("{}{tag}:q", self.prefix)
+    }
+
+    /// The contested feed: descriptors scored by until when (ms, Redis' clock) they are
+    /// contested. Its own hash tag; short-lived and small (bounded by `MAX_CONTESTED`).
+    fn contested_key(&self) -> String {
+        format!("{}{{rlqs-contested}}", self.prefix)
+    }
+
+    /// Marks `tags` contested until `until_us` (one call; the feed trimmed to its bound).
+    async fn contest(
+        &self,
+        tags: &[&str],
+        until_us: i64,
+        deadline: Instant,
+    ) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(CONTEST)
+            .arg(1)
+            .arg(self.contested_key())
+            .arg(MAX_CONTESTED)
+            .arg(until_us / 1000);
+        for tag in tags {
+            cmd.arg(*tag);
+        }
+        self.query(cmd, deadline).await.map(|_| ())
     }
 
     /// The reservation index: its own hash tag, apart from every counter (theirs hold a `|`).
@@ -66,7 +100,7 @@ impl RedisStore {
         }
         cmd.arg(MAX_HOLDERS);
         let reply = self.query(cmd, deadline).await?;
-        let (now_us, grants): (i64, Vec<(u32, u32, String, i64)>) = redis::from_redis_value(reply)
+        let (now_us, grants): (i64, Vec<ScriptGrant>) = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Protocol(format!("quota script: {e}")))?;
         if grants.len() != asks.len() {
             return Err(StoreError::Protocol(format!(
@@ -77,8 +111,9 @@ impl RedisStore {
         }
         Ok(grants
             .into_iter()
-            .map(|(per_fill, every_s, held, ends_us)| Granted {
+            .map(|(per_fill, every_s, held, ends_us, short)| Granted {
                 tokens: (per_fill > 0 && every_s > 0).then_some(Tokens { per_fill, every_s }),
+                short: short == 1,
                 held,
                 ends_us,
                 now_us,
@@ -160,6 +195,23 @@ impl QuotaStore for RedisStore {
                     break;
                 }
             }
+            // Contested descriptors, for every replica's push round; a failure here costs only
+            // the push (the shrinking gateways shrink at their next report instead).
+            let short: Vec<(&str, i64)> = asks
+                .iter()
+                .zip(&granted)
+                .filter_map(|(ask, g)| {
+                    let g = g.as_ref().ok()?;
+                    g.short.then_some((ask.key.as_str(), g.now_us))
+                })
+                .collect();
+            if let Some(&(_, now_us)) = short.first() {
+                let tags: Vec<&str> = short.iter().map(|(t, _)| *t).collect();
+                let until = now_us + i64::try_from(CONTESTED_US).unwrap_or(i64::MAX);
+                if let Err(error) = self.contest(&tags, until, deadline).await {
+                    tracing::debug!(%error, "RLQS contested descriptors not written");
+                }
+            }
             granted
                 .into_iter()
                 .map(|g| match (g, &indexed) {
@@ -173,6 +225,18 @@ impl QuotaStore for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn contested(&self, deadline: Instant) -> ContestedFuture<'_> {
+        Box::pin(async move {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(CONTESTED)
+                .arg(1)
+                .arg(self.contested_key())
+                .arg(MAX_CONTESTED);
+            redis::from_redis_value(self.query(cmd, deadline).await?)
+                .map_err(|e| StoreError::Protocol(format!("contested feed: {e}")))
+        })
     }
 
     fn reservations(&self, deadline: Instant) -> ReservationsFuture<'_> {
