@@ -773,6 +773,45 @@ async fn a_share_that_grows_a_little_keeps_the_gateways_bucket() {
 }
 
 /// A report past `--max-message-bytes` ends its stream with OUT_OF_RANGE, and is counted.
+/// Bucket ids cost memory by their bytes, not their count: one stream past its bytes is closed,
+/// and the replica's streams together hold at most their bound (a closed stream's bytes are
+/// free again).
+#[tokio::test]
+async fn bucket_bytes_are_bounded_per_stream_and_in_all() {
+    let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_push_interval = Duration::ZERO;
+        s.rlqs.rlqs_max_bucket_bytes_per_stream = 100;
+        s.rlqs.rlqs_max_bucket_bytes = 150;
+    })
+    .await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    // Each id: "tenant" and 40 bytes, 46 in all.
+    let names: Vec<String> = (0..4).map(|i| format!("{i}").repeat(40)).collect();
+    let id = |i: usize| vec![("tenant", names[i].as_str())];
+    let ids: Vec<Vec<(&str, &str)>> = (0..4).map(id).collect();
+    let mut one = Gateway::open(&server).await;
+    one.report("edge", &[(&ids[0], 1, 0), (&ids[1], 1, 0)])
+        .await
+        .unwrap();
+    // A third id on the same stream: 138 bytes, past its 100.
+    let status = one.report("edge", &[(&ids[2], 1, 0)]).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("100 bytes"), "{status:?}");
+    await_streams(admin, 0).await;
+    // Its bytes are free again: two streams of 92 and 46 fit in 150, a third id does not.
+    let mut two = Gateway::open(&server).await;
+    two.report("edge", &[(&ids[0], 1, 0), (&ids[1], 1, 0)])
+        .await
+        .unwrap();
+    let mut three = Gateway::open(&server).await;
+    three.report("edge", &[(&ids[2], 1, 0)]).await.unwrap();
+    let status = three.report("edge", &[(&ids[3], 1, 0)]).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("150 bytes"), "{status:?}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_report_past_the_message_bound_is_refused() {
     let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {

@@ -213,6 +213,8 @@ pub(super) fn quota_config(settings: &Settings) -> QuotaConfig {
         reporting_interval: settings.rlqs.rlqs_reporting_interval,
         max_streams: settings.rlqs.rlqs_max_streams,
         max_buckets_per_stream: settings.rlqs.rlqs_max_buckets_per_stream,
+        max_bucket_bytes_per_stream: settings.rlqs.rlqs_max_bucket_bytes_per_stream,
+        max_bucket_bytes: settings.rlqs.rlqs_max_bucket_bytes,
         max_reports_per_second: settings.rlqs.rlqs_max_reports_per_second,
         max_entries: settings.max_entries,
         max_string_bytes: settings.max_string_bytes,

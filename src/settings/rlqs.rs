@@ -40,6 +40,18 @@ pub struct RlqsSettings {
         default_value_t = 10_000
     )]
     pub rlqs_max_buckets_per_stream: usize,
+    /// Bytes of bucket ids (keys and values) one stream may hold; past it the stream is closed
+    /// (RESOURCE_EXHAUSTED).
+    #[arg(
+        long,
+        env = "PORTCULLIS_RLQS_MAX_BUCKET_BYTES_PER_STREAM",
+        default_value_t = 4 << 20
+    )]
+    pub rlqs_max_bucket_bytes_per_stream: usize,
+    /// Bytes of bucket ids all streams of this replica may hold together; a stream whose new
+    /// buckets would pass it is closed (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "PORTCULLIS_RLQS_MAX_BUCKET_BYTES", default_value_t = 256 << 20)]
+    pub rlqs_max_bucket_bytes: usize,
     /// Reports one stream may send in a second; past it, its next report waits for the next
     /// second (the stream stays open: Envoy reports every new bucket at once).
     #[arg(

@@ -167,6 +167,11 @@ impl Settings {
                 "--rlqs-max-reports-per-second",
                 self.rlqs.rlqs_max_reports_per_second as usize,
             ),
+            (
+                "--rlqs-max-bucket-bytes-per-stream",
+                self.rlqs.rlqs_max_bucket_bytes_per_stream,
+            ),
+            ("--rlqs-max-bucket-bytes", self.rlqs.rlqs_max_bucket_bytes),
         ] {
             if value == 0 {
                 problems.push(format!("{flag} must be at least 1"));

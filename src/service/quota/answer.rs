@@ -5,6 +5,7 @@
 //! built and recorded per bucket: those reported, and the stream's other buckets whose part
 //! changed. It must never answer part of a malformed report.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -112,6 +113,9 @@ impl Inner {
             // Its rule is gone (a reload removed it): Envoy forgets the bucket.
             if p.rule.is_none() && previous.is_some() {
                 state.buckets.remove(&p.key);
+                let bytes = key_bytes(&p.key);
+                state.bucket_bytes -= bytes;
+                self.bucket_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 self.count_kind("abandon");
                 actions.push(report::abandon(p.id));
                 changes.push((p.key, None));
@@ -199,18 +203,20 @@ impl Inner {
     fn bounded<'r>(
         &self,
         report: &'r RateLimitQuotaUsageReports,
-        state: &StreamState,
+        state: &mut StreamState,
     ) -> Result<Vec<(BucketKey, &'r BucketQuotaUsage)>, Refusal> {
         let mut keyed = Vec::with_capacity(report.bucket_quota_usages.len());
         for usage in &report.bucket_quota_usages {
             let key = bucket_key(usage, &self.config).map_err(|s| ("malformed", s))?;
             keyed.push((key, usage));
         }
-        let new = keyed
+        let mut seen = std::collections::HashSet::new();
+        let new: Vec<&BucketKey> = keyed
             .iter()
-            .filter(|(k, _)| !state.buckets.contains_key(k))
-            .count();
-        if state.buckets.len() + new > self.config.max_buckets_per_stream {
+            .map(|(k, _)| k)
+            .filter(|k| !state.buckets.contains_key(*k) && seen.insert(*k))
+            .collect();
+        if state.buckets.len() + new.len() > self.config.max_buckets_per_stream {
             return Err((
                 "too_many_buckets",
                 Status::resource_exhausted(format!(
@@ -218,6 +224,32 @@ impl Inner {
                     self.config.max_buckets_per_stream
                 )),
             ));
+        }
+        let bytes: usize = new.iter().map(|k| key_bytes(k)).sum();
+        if state.bucket_bytes + bytes > self.config.max_bucket_bytes_per_stream {
+            return Err((
+                "too_many_bucket_bytes",
+                Status::resource_exhausted(format!(
+                    "more than {} bytes of bucket ids on one stream",
+                    self.config.max_bucket_bytes_per_stream
+                )),
+            ));
+        }
+        if bytes > 0 {
+            let all = &self.bucket_bytes;
+            let taken = all.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                (held + bytes <= self.config.max_bucket_bytes).then_some(held + bytes)
+            });
+            if taken.is_err() {
+                return Err((
+                    "too_many_bucket_bytes",
+                    Status::resource_exhausted(format!(
+                        "this replica's streams hold {} bytes of bucket ids already",
+                        self.config.max_bucket_bytes
+                    )),
+                ));
+            }
+            state.bucket_bytes += bytes;
         }
         Ok(keyed)
     }
@@ -360,6 +392,11 @@ impl Inner {
             }
         }
     }
+}
+
+/// The bytes a bucket id holds (its keys and values).
+fn key_bytes(key: &BucketKey) -> usize {
+    key.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
 /// The demand each reported bucket asked with (0 where it asked nothing).

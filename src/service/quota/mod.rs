@@ -45,6 +45,9 @@ pub struct QuotaConfig {
     pub reporting_interval: Duration,
     pub max_streams: usize,
     pub max_buckets_per_stream: usize,
+    /// Bytes of bucket ids one stream, and all streams, may hold.
+    pub max_bucket_bytes_per_stream: usize,
+    pub max_bucket_bytes: usize,
     pub max_reports_per_second: u32,
     /// Entries of one bucket id.
     pub max_entries: usize,
@@ -63,6 +66,8 @@ impl Default for QuotaConfig {
             reporting_interval: Duration::from_secs(5),
             max_streams: 1024,
             max_buckets_per_stream: 10_000,
+            max_bucket_bytes_per_stream: 4 << 20,
+            max_bucket_bytes: 256 << 20,
             max_reports_per_second: 200,
             max_entries: 16,
             max_string_bytes: 1024,
@@ -85,6 +90,8 @@ struct Inner {
     registry: Arc<Registry>,
     /// This replica's streams by what they hold, for pushes between reports.
     pushes: Arc<push::Pushes>,
+    /// Bytes of bucket ids all streams hold.
+    bucket_bytes: std::sync::atomic::AtomicUsize,
 }
 
 /// The tonic service.
@@ -120,6 +127,7 @@ impl QuotaService {
                 log: LogThrottle::default(),
                 registry: Arc::default(),
                 pushes,
+                bucket_bytes: std::sync::atomic::AtomicUsize::new(0),
             }),
             stopped,
         }
@@ -172,6 +180,9 @@ impl RateLimitQuotaService for QuotaService {
                 .serve(inbound, &tx, gateway, stopped, &mut state, &mut mailbox)
                 .await;
             inner.pushes.close(state.stream, state.asks.keys());
+            inner
+                .bucket_bytes
+                .fetch_sub(state.bucket_bytes, std::sync::atomic::Ordering::Relaxed);
             // Before the stream ends (a draining server waits for it): what it held is free
             // for the gateway's next stream, on any replica, at its first report. A gateway
             // that names itself keeps its holds: its next stream is the same holder.
@@ -200,6 +211,8 @@ struct StreamState {
     asks: std::collections::HashMap<String, Ask>,
     /// How long its assignments last.
     ttl: Duration,
+    /// Bytes of its buckets' ids.
+    bucket_bytes: usize,
     last_report: Option<Instant>,
     /// The longest gap between reports seen (the filter's interval, or longer).
     interval: Duration,
@@ -215,6 +228,7 @@ impl StreamState {
             buckets: Buckets::new(),
             asks: std::collections::HashMap::new(),
             ttl: 2 * interval + Duration::from_secs(1),
+            bucket_bytes: 0,
             last_report: None,
             interval,
             window_start: Instant::now(),
