@@ -9,10 +9,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tonic::Status;
 
 use super::hold::{self, Member};
-use super::report::{self, BucketKey, allow_all, bucket_key, deny_all, plan, token_bucket};
+use super::report::{self, BucketKey, allow_all, deny_all, plan, token_bucket};
 use super::{Inner, StreamState};
 use crate::algorithm::share::Tokens;
 use crate::limiter::FailureMode;
@@ -23,7 +22,7 @@ use crate::store::StoreError;
 use crate::store::quota::Ask;
 use crate::telemetry::{KindLabels, RuleLabels};
 
-type Refusal = (&'static str, Status);
+use super::bounds::Refusal;
 
 /// One reported bucket, planned.
 struct Planned {
@@ -46,7 +45,7 @@ impl Inner {
         gateway: u64,
     ) -> Result<RateLimitQuotaResponse, Refusal> {
         let now = self.pace(state).await;
-        let domain = stream_domain(state, &report.domain)?;
+        let domain = super::bounds::stream_domain(state, &report.domain)?;
         if let Some(last) = state.last_report {
             state.interval = state.interval.max(now.duration_since(last));
         }
@@ -113,7 +112,7 @@ impl Inner {
             // Its rule is gone (a reload removed it): Envoy forgets the bucket.
             if p.rule.is_none() && previous.is_some() {
                 state.buckets.remove(&p.key);
-                let bytes = key_bytes(&p.key);
+                let bytes = super::bounds::key_bytes(&p.key);
                 state.bucket_bytes -= bytes;
                 self.bucket_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 self.count_kind("abandon");
@@ -177,81 +176,6 @@ impl Inner {
         bucket.sent = sent;
         let assigned = report::describe(&key, bucket.rule.clone(), &action);
         Some((action, (key, Some(assigned))))
-    }
-
-    /// Past the reports a stream may send in a second, the next waits for the next second:
-    /// Envoy sends one at once for every new bucket, so a burst of new tenants is paced, not
-    /// refused (unread reports wait in HTTP/2 flow control, not in memory here).
-    async fn pace(&self, state: &mut StreamState) -> Instant {
-        let mut now = Instant::now();
-        if now.duration_since(state.window_start) >= Duration::from_secs(1) {
-            state.window_start = now;
-            state.reports_in_window = 0;
-        }
-        if state.reports_in_window >= self.config.max_reports_per_second {
-            self.metrics.quota.reports_paced.inc();
-            tokio::time::sleep_until(state.window_start + Duration::from_secs(1)).await;
-            now = Instant::now();
-            state.window_start = now;
-            state.reports_in_window = 0;
-        }
-        state.reports_in_window += 1;
-        now
-    }
-
-    /// The report's buckets, each checked, within the stream's bound.
-    fn bounded<'r>(
-        &self,
-        report: &'r RateLimitQuotaUsageReports,
-        state: &mut StreamState,
-    ) -> Result<Vec<(BucketKey, &'r BucketQuotaUsage)>, Refusal> {
-        let mut keyed = Vec::with_capacity(report.bucket_quota_usages.len());
-        for usage in &report.bucket_quota_usages {
-            let key = bucket_key(usage, &self.config).map_err(|s| ("malformed", s))?;
-            keyed.push((key, usage));
-        }
-        let mut seen = std::collections::HashSet::new();
-        let new: Vec<&BucketKey> = keyed
-            .iter()
-            .map(|(k, _)| k)
-            .filter(|k| !state.buckets.contains_key(*k) && seen.insert(*k))
-            .collect();
-        if state.buckets.len() + new.len() > self.config.max_buckets_per_stream {
-            return Err((
-                "too_many_buckets",
-                Status::resource_exhausted(format!(
-                    "more than {} buckets on one stream",
-                    self.config.max_buckets_per_stream
-                )),
-            ));
-        }
-        let bytes: usize = new.iter().map(|k| key_bytes(k)).sum();
-        if state.bucket_bytes + bytes > self.config.max_bucket_bytes_per_stream {
-            return Err((
-                "too_many_bucket_bytes",
-                Status::resource_exhausted(format!(
-                    "more than {} bytes of bucket ids on one stream",
-                    self.config.max_bucket_bytes_per_stream
-                )),
-            ));
-        }
-        if bytes > 0 {
-            let all = &self.bucket_bytes;
-            let taken = all.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
-                (held + bytes <= self.config.max_bucket_bytes).then_some(held + bytes)
-            });
-            if taken.is_err() {
-                return Err((
-                    "too_many_bucket_bytes",
-                    Status::resource_exhausted(format!(
-                        "this replica's streams hold {} bytes of bucket ids already",
-                        self.config.max_bucket_bytes
-                    )),
-                ));
-            }
-            state.bucket_bytes += bytes;
-        }
-        Ok(keyed)
     }
 
     /// Each bucket to its rule and ask; what the gateway reported counted per rule.
@@ -394,36 +318,9 @@ impl Inner {
     }
 }
 
-/// The bytes a bucket id holds (its keys and values).
-fn key_bytes(key: &BucketKey) -> usize {
-    key.iter().map(|(k, v)| k.len() + v.len()).sum()
-}
-
 /// The demand each reported bucket asked with (0 where it asked nothing).
 fn asks_demand(asks: &[Option<(Ask, &BucketKey)>]) -> Vec<f64> {
     asks.iter()
         .map(|a| a.as_ref().map_or(0.0, |(a, _)| a.demand))
         .collect()
-}
-
-/// The stream's domain: named by its first report, the same (or none) in every later one.
-fn stream_domain(state: &mut StreamState, named: &str) -> Result<String, Refusal> {
-    match (&state.domain, named) {
-        (None, "") => Err((
-            "malformed",
-            Status::invalid_argument("the first report of a stream must name its domain"),
-        )),
-        (None, d) => {
-            state.domain = Some(d.to_owned());
-            Ok(d.to_owned())
-        }
-        (Some(d), "") => Ok(d.clone()),
-        (Some(d), other) if d == other => Ok(d.clone()),
-        (Some(d), other) => Err((
-            "malformed",
-            Status::invalid_argument(format!(
-                "the stream's domain is {d:?}; a report names {other:?} (one stream, one domain)"
-            )),
-        )),
-    }
 }

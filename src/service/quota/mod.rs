@@ -8,6 +8,7 @@
 //! than a rule's rate across the gateways the quota store knows.
 
 mod answer;
+mod bounds;
 mod hold;
 mod identity;
 mod push;
