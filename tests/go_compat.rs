@@ -151,6 +151,43 @@ async fn standalone_redis_on_a_unix_socket_with_a_user_and_key_prefix() {
     );
 }
 
+/// The Go service has no RLQS: in Go mode without it, a Redis outage is logged as the store's
+/// failure only, never as anything about RLQS (a replica used to log that it could not read
+/// the RLQS reservations every second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_in_go_mode_says_nothing_about_rlqs() {
+    let root = config_tree();
+    let mut redis = RedisServer::start();
+    let mut envs = go_env(root.path());
+    envs.extend([
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+    ]);
+    let server = ServeProcess::spawn_as_ratelimit(&envs);
+    serves_like_the_go_service(&server, &envs, "dave").await;
+    redis.kill();
+    let mut client = RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect to GRPC_PORT");
+    // Calls meet the outage until it is logged (bounded), then three seconds more: three rounds
+    // of anything that runs each second.
+    let mut logged = false;
+    for _ in 0..50 {
+        let _ = client
+            .should_rate_limit(request("edge", &[&[("user", "erin")]]))
+            .await;
+        if server.log().contains("ERROR") || server.log().contains("WARN") {
+            logged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(logged, "the outage is logged: {}", server.log());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = server.log();
+    assert!(!log.contains("RLQS"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_redis_named_by_master_and_sentinels() {
     let root = config_tree();
