@@ -4,18 +4,28 @@
 //! with the rate_limit_quota filter (RLQS: the gateway enforces Portcullis' assignment), all in
 //! one run with the same generator and concurrency.
 //!
-//! Per scenario it prints gateway requests/s and latency percentiles, each as a ratio to the
-//! run without the filter, and Envoy's and Portcullis' CPU per request (from `/proc/PID/stat`).
-//! Every answer is checked to be the upstream's 200 (the limit is far away): a failed or refused
-//! request fails the run.
+//! Besides those, two rows say what Envoy itself costs: its `local_ratelimit` filter (local
+//! enforcement, no service), and the rate_limit_quota filter with no RLQS server at all (its
+//! fallback ALLOW_ALL: the ceiling of any RLQS server).
 //!
-//!   cargo bench --bench gateway                    every scenario, 8 s each
+//! Per scenario it prints gateway requests/s and latency, each as a ratio to the run without the
+//! filter, and Envoy's and Portcullis' CPU per request (from `/proc/PID/stat`). Every answer is
+//! checked to be the upstream's 200 (the limit is far away): a failed or refused request fails
+//! the run. The generator: this process's own keep-alive connections (p50/p99), or h2load
+//! (`--generator h2load`, Debian's nghttp2-client: about twice the requests a second through
+//! one Envoy on this 2-core machine, so Envoy, not the generator, is the ceiling; it gives a
+//! mean, no percentiles).
+//!
+//!   cargo bench --bench gateway -- --generator h2load   every scenario, 8 s each, by h2load
 //!   cargo bench --bench gateway -- --seconds 3 --connections 16
-//!   cargo test --bench gateway                     a short smoke run (checks it works)
+//!   cargo test --bench gateway                          a short smoke run (checks it works)
 
 // The tests' harness: Envoy (which finds its helpers at `super::redis`) and Redis processes.
 #[path = "support/cpu.rs"]
 mod cpu;
+#[path = "support/h2load.rs"]
+#[allow(dead_code)]
+mod h2load;
 #[path = "../tests/common/envoy.rs"]
 mod envoy;
 #[path = "../tests/common/redis.rs"]
@@ -55,12 +65,24 @@ const RLQS_FILTER: &str = r#"- name: envoy.filters.http.rate_limit_quota
               fallback_rate_limit: {blanket_rule: ALLOW_ALL}
 "#;
 
+/// Envoy's own local rate limit (a token bucket per Envoy, no service), far from its limit.
+const LOCAL_FILTER: &str = r#"- name: envoy.filters.http.local_ratelimit
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+    stat_prefix: local
+    token_bucket: {max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s}
+    filter_enabled: {default_value: {numerator: 100, denominator: HUNDRED}}
+    filter_enforced: {default_value: {numerator: 100, denominator: HUNDRED}}
+"#;
+
 const ACTIONS: &str =
     "- actions:\n    - generic_key: {descriptor_key: client, descriptor_value: c}\n";
 
 struct Options {
     seconds: f64,
     connections: usize,
+    /// h2load drives the load instead of this process.
+    h2load: bool,
 }
 
 impl Options {
@@ -76,6 +98,14 @@ impl Options {
         Options {
             seconds: value("--seconds").unwrap_or(if full { 8.0 } else { 0.3 }),
             connections: value("--connections").map_or(32, |v| v as usize),
+            h2load: match args.iter().position(|a| a == "--generator") {
+                None => false,
+                Some(i) => match args.get(i + 1).map(String::as_str) {
+                    Some("h2load") => true,
+                    Some("tokio") => false,
+                    other => panic!("--generator {other:?}: tokio or h2load"),
+                },
+            },
         }
     }
 }
@@ -181,24 +211,34 @@ async fn measure(
         cpu_seconds(envoy.pid()),
         portcullis.map(|p| cpu_seconds(p.child.id())),
     );
-    let started = Instant::now();
-    let until = started + Duration::from_secs_f64(options.seconds);
-    let tasks: Vec<_> = (0..options.connections)
-        .map(|_| tokio::spawn(connection(g.ingress_addr(), until)))
-        .collect();
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.expect("load task"));
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let requests = latencies.len() as f64;
-    latencies.sort_unstable();
-    let at = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] as f64 / 1e3;
+    let (requests, elapsed, p50_ms, p99_ms) = if options.h2load {
+        let (addr, seconds, connections) = (g.ingress_addr(), options.seconds, options.connections);
+        let run = tokio::task::spawn_blocking(move || h2load::get(addr, "/v1", seconds, connections))
+            .await
+            .expect("h2load");
+        assert_eq!(run.failed + run.not_2xx, 0, "{label}: every answer the upstream's 200");
+        (run.succeeded as f64, run.seconds, run.mean_ms, f64::NAN)
+    } else {
+        let started = Instant::now();
+        let until = started + Duration::from_secs_f64(options.seconds);
+        let tasks: Vec<_> = (0..options.connections)
+            .map(|_| tokio::spawn(connection(g.ingress_addr(), until)))
+            .collect();
+        let mut latencies = Vec::new();
+        for task in tasks {
+            latencies.extend(task.await.expect("load task"));
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        latencies.sort_unstable();
+        let at =
+            |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize] as f64 / 1e3;
+        (latencies.len() as f64, elapsed, at(0.5), at(0.99))
+    };
     Row {
         label,
         rps: requests / elapsed,
-        p50_ms: at(0.5),
-        p99_ms: at(0.99),
+        p50_ms,
+        p99_ms,
         envoy_us: (cpu_seconds(envoy.pid()) - envoy_cpu) * 1e6 / requests,
         portcullis_us: portcullis
             .zip(service_cpu)
@@ -208,23 +248,29 @@ async fn measure(
 
 fn print(rows: &[Row], options: &Options) {
     let base = &rows[0];
+    let generator = if options.h2load {
+        "h2load (latency: its mean)"
+    } else {
+        "this process (latency: p50, p99)"
+    };
     println!(
-        "\ngateway: Envoy 1.40, one worker, {} keep-alive HTTP/1.1 connections, {} s a scenario",
+        "\ngateway: Envoy 1.40, one worker, {} keep-alive HTTP/1.1 connections, {} s a scenario, generator {generator}",
         options.connections, options.seconds
     );
     println!(
-        "{:<26} {:>10} {:>7} {:>8} {:>8} {:>8} {:>12} {:>14}",
+        "{:<34} {:>10} {:>7} {:>8} {:>8} {:>8} {:>12} {:>14}",
         "scenario", "req/s", "x none", "p50 ms", "p99 ms", "p99 x", "Envoy us/req", "Portcullis us"
     );
+    let number = |v: f64| if v.is_nan() { "-".to_owned() } else { format!("{v:.2}") };
     for r in rows {
         println!(
-            "{:<26} {:>10.0} {:>7.2} {:>8.2} {:>8.2} {:>8.2} {:>12.1} {:>14}",
+            "{:<34} {:>10.0} {:>7.2} {:>8} {:>8} {:>8} {:>12.1} {:>14}",
             r.label,
             r.rps,
             r.rps / base.rps,
-            r.p50_ms,
-            r.p99_ms,
-            r.p99_ms / base.p99_ms,
+            number(r.p50_ms),
+            number(r.p99_ms),
+            number(r.p99_ms / base.p99_ms),
             r.envoy_us,
             r.portcullis_us.map_or("-".into(), |v| format!("{v:.1}")),
         );
@@ -243,6 +289,18 @@ async fn main() {
     g.http_filters = "# no rate limit filter".into();
     let envoy = g.start();
     rows.push(measure("no rate limit filter", &g, &envoy, None, &options).await);
+    drop(envoy);
+    // Envoy's local rate limit: local enforcement's own cost.
+    let mut g = Gateway::new("gw", &[free_port()]);
+    g.http_filters = LOCAL_FILTER.into();
+    let envoy = g.start();
+    rows.push(measure("local_ratelimit (Envoy alone)", &g, &envoy, None, &options).await);
+    drop(envoy);
+    // The RLQS filter with no server listening: its fallback ALLOW_ALL, the ceiling.
+    let mut g = Gateway::new("gw", &[free_port()]);
+    g.http_filters = RLQS_FILTER.into();
+    let envoy = g.start();
+    rows.push(measure("rate_limit_quota, no server", &g, &envoy, None, &options).await);
     drop(envoy);
 
     let redis = RedisServer::start();

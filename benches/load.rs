@@ -26,6 +26,7 @@
 #[path = "support/cpu.rs"]
 mod cpu;
 #[path = "support/h2load.rs"]
+#[allow(dead_code)]
 mod h2load;
 #[path = "../tests/common/redis.rs"]
 mod harness;

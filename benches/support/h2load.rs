@@ -18,6 +18,8 @@ pub struct Run {
     pub seconds: f64,
     /// The mean request time in milliseconds (h2load gives no percentiles).
     pub mean_ms: f64,
+    /// Answers whose status was not 2xx.
+    pub not_2xx: u64,
 }
 
 /// The gRPC message framing: no compression, a 4-byte big-endian length, the message.
@@ -56,6 +58,21 @@ pub fn run(
     parse(&text).unwrap_or_else(|| panic!("h2load output not understood: {text}"))
 }
 
+/// Runs h2load for `seconds` sending GETs to `path` on `addr` over keep-alive HTTP/1.1
+/// connections, one request in flight each, one thread (a gateway's HTTP listener).
+pub fn get(addr: SocketAddr, path: &str, seconds: f64, connections: usize) -> Run {
+    let out = Command::new("h2load")
+        .arg("--h1")
+        .args(["-D", &format!("{:.0}", seconds.ceil().max(1.0))])
+        .args(["-c", &connections.to_string(), "-m", "1", "-t", "1"])
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("run h2load (Debian: nghttp2-client)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "h2load failed: {text}");
+    parse(&text).unwrap_or_else(|| panic!("h2load output not understood: {text}"))
+}
+
 /// Reads h2load's summary: "finished in 4.00s, ...", "requests: N total, N started, N done, N
 /// succeeded, N failed, N errored, N timeout", "time for request: min max mean sd ...".
 fn parse(text: &str) -> Option<Run> {
@@ -78,7 +95,20 @@ fn parse(text: &str) -> Option<Run> {
         .find_map(|l| l.trim().strip_prefix("time for request:"))
         .and_then(|l| l.split_whitespace().nth(2))
         .and_then(duration_ms)?;
+    // "status codes: N 2xx, N 3xx, N 4xx, N 5xx"
+    let not_2xx = text
+        .lines()
+        .find_map(|l| l.strip_prefix("status codes: "))
+        .map_or(0, |codes| {
+            codes
+                .split(',')
+                .map(str::trim)
+                .filter(|c| !c.ends_with("2xx"))
+                .filter_map(|c| c.split(' ').next()?.parse::<u64>().ok())
+                .sum()
+        });
     Some(Run {
+        not_2xx,
         succeeded: count("succeeded")?,
         failed: count("failed")? + count("errored")? + count("timeout")?,
         seconds,
