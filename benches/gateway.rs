@@ -23,11 +23,11 @@
 // The tests' harness: Envoy (which finds its helpers at `super::redis`) and Redis processes.
 #[path = "support/cpu.rs"]
 mod cpu;
+#[path = "../tests/common/envoy.rs"]
+mod envoy;
 #[path = "support/h2load.rs"]
 #[allow(dead_code)]
 mod h2load;
-#[path = "../tests/common/envoy.rs"]
-mod envoy;
 #[path = "../tests/common/redis.rs"]
 mod redis;
 
@@ -213,10 +213,15 @@ async fn measure(
     );
     let (requests, elapsed, p50_ms, p99_ms) = if options.h2load {
         let (addr, seconds, connections) = (g.ingress_addr(), options.seconds, options.connections);
-        let run = tokio::task::spawn_blocking(move || h2load::get(addr, "/v1", seconds, connections))
-            .await
-            .expect("h2load");
-        assert_eq!(run.failed + run.not_2xx, 0, "{label}: every answer the upstream's 200");
+        let run =
+            tokio::task::spawn_blocking(move || h2load::get(addr, "/v1", seconds, connections))
+                .await
+                .expect("h2load");
+        assert_eq!(
+            run.failed + run.not_2xx,
+            0,
+            "{label}: every answer the upstream's 200"
+        );
         (run.succeeded as f64, run.seconds, run.mean_ms, f64::NAN)
     } else {
         let started = Instant::now();
@@ -261,7 +266,13 @@ fn print(rows: &[Row], options: &Options) {
         "{:<34} {:>10} {:>7} {:>8} {:>8} {:>8} {:>12} {:>14}",
         "scenario", "req/s", "x none", "p50 ms", "p99 ms", "p99 x", "Envoy us/req", "Portcullis us"
     );
-    let number = |v: f64| if v.is_nan() { "-".to_owned() } else { format!("{v:.2}") };
+    let number = |v: f64| {
+        if v.is_nan() {
+            "-".to_owned()
+        } else {
+            format!("{v:.2}")
+        }
+    };
     for r in rows {
         println!(
             "{:<34} {:>10.0} {:>7.2} {:>8} {:>8} {:>8} {:>12.1} {:>14}",

@@ -271,6 +271,47 @@ async fn a_second_gateway_has_its_fair_part_within_two_seconds() {
     );
 }
 
+/// Eleven gateways on one 10/s rule, each offered 3/s: their fair parts of 10/11 a second are
+/// granted as 9 tokens every 10 s, so together they admit 9.9/s (one token every 2 s each
+/// before: 5.5/s together).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eleven_gateways_on_ten_a_second_admit_at_least_nine() {
+    let rules = rules_dir();
+    let portcullis = ServeProcess::spawn(rules.path(), &["--rlqs"], &[], &[]);
+    let mut gateways = Vec::new();
+    let mut envoys = Vec::new();
+    for _ in 0..11 {
+        let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
+        g.http_filters = rlqs_filter();
+        envoys.push(g.start());
+        gateways.push(g);
+    }
+    let loads: Vec<_> = gateways
+        .iter()
+        .map(|g| {
+            let g = g.clone();
+            tokio::spawn(async move { offer(&g, "eleven", 3, Duration::from_secs(20)).await })
+        })
+        .collect();
+    let mut got = 0;
+    let mut sent = 0;
+    for load in loads {
+        let answers = load.await.unwrap();
+        // Settled after the first periodic reports (5 s) and the pushes that follow.
+        let (g, s) = admitted_in(&answers, Duration::from_secs(10), Duration::from_secs(20));
+        got += g;
+        sent += s;
+    }
+    eprintln!("RLQS, eleven gateways on 10/s, each offered 3/s: {got} of {sent} admitted in 10 s");
+    assert!(
+        got >= 90 * 9 / 10,
+        "{got} admitted in 10 s, at least 9/s expected\n{}",
+        portcullis.log()
+    );
+    // The rate, and one token each time a gateway's bucket changes.
+    assert!(got <= 100 + 2 * 11, "{got} admitted in 10 s at 10/s");
+}
+
 /// Admitted answers among `answers` whose time falls in `from..to`.
 fn admitted_in(answers: &[(Duration, u16)], from: Duration, to: Duration) -> (usize, usize) {
     let window: Vec<u16> = answers
