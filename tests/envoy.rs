@@ -95,9 +95,20 @@ async fn the_shipped_bootstrap_limits_each_descriptor_with_envoys_headers() {
     let proxy = Envoy::start(&envoy::shipped_config(ports), ports.admin);
     let ingress: SocketAddr = ([127, 0, 0, 1], ports.ingress).into();
 
-    // login: a token bucket of burst 10 (5 a minute): the 11th attempt is refused.
+    // login: a token bucket of burst 10 (5 a minute): the 11th attempt is refused. A call past
+    // the shipped 20 ms filter timeout (a loaded CI machine) is let through by Envoy uncounted
+    // (failure_mode_deny is off): it is read from Envoy's own counter, not guessed.
+    let failed_open = "cluster.app.ratelimit.failure_mode_allowed";
+    let before = proxy.stat(failed_open);
     let (passed, r) = until_limited(ingress, source(2), "/api/login", &[], 30).await;
-    assert_eq!(passed, 10, "login admits its burst of 10");
+    let open = proxy.stat(failed_open) - before;
+    // The counters' prefix is right: the calls answered OK are counted under it.
+    assert!(proxy.stat("cluster.app.ratelimit.ok") >= 10 - open);
+    assert_eq!(
+        passed,
+        10 + open as usize,
+        "login admits its burst of 10 ({open} calls failed open)"
+    );
     assert_draft03(&r, "5", "5;w=60;name=\"login\"", 0);
 
     // api_key + /api/orders/*: 20 a second (the key's hourly 10,000 is far away). 21 requests
