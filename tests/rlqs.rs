@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::TestServer;
-use common::rlqs::{Gateway, Usage, assigned, await_streams, bucket};
+use common::rlqs::{Gateway, Usage, assigned, await_streams, bucket, tokens_per_second};
 use portcullis::pb::rlqs::{
     BucketAction, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports, Strategy, bucket_action,
 };
@@ -173,17 +173,7 @@ async fn eleven_gateways_on_ten_a_second_admit_nine_and_more_together() {
             *words = assigned(&g.report("edge", &[(tenant, 3, 27)]).await.unwrap()[0]);
         }
     }
-    let per_second = |w: &str| {
-        let fill = w
-            .strip_prefix("tokens ")
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap();
-        let (n, every) = fill.split_once('/').unwrap();
-        n.parse::<f64>().unwrap() / every.trim_end_matches('s').parse::<f64>().unwrap()
-    };
-    let total: f64 = last.iter().map(|w| per_second(w)).sum();
+    let total: f64 = last.iter().map(|w| tokens_per_second(w)).sum();
     assert!(total <= 10.0 + 1e-9, "{last:?}");
     assert!(total >= 9.0, "{total}/s together: {last:?}");
     server.stop().await;
@@ -347,20 +337,9 @@ async fn buckets_on_one_shared_counter_split_one_share() {
     // it is taken to want the whole rate, so it gets an equal third, and the busy buckets are
     // sent their smaller thirds in the same answer.
     let got = by_api(&gateway.report("edge", &[(c, 1, 0)]).await.unwrap());
-    // `tokens 400/60s max 6 ttl 3s`: 6.67 a second.
-    let rate = |w: &str| {
-        let fill = w
-            .strip_prefix("tokens ")
-            .unwrap()
-            .split(' ')
-            .next()
-            .unwrap();
-        let (n, every) = fill.split_once('/').unwrap();
-        n.parse::<f64>().unwrap() / every.trim_end_matches('s').parse::<f64>().unwrap()
-    };
     assert_eq!(got.len(), 3, "{got:?}");
     assert_eq!(got["/api/c"], "tokens 400/60s max 6 ttl 3s");
-    let total: f64 = got.values().map(|w| rate(w)).sum();
+    let total: f64 = got.values().map(|w| tokens_per_second(w)).sum();
     assert!(total <= 20.0 + 1e-9, "{got:?}");
     assert!(total >= 19.0, "the share is handed out: {got:?}");
     // Its next report says it wants one a second: it gets that, and the others grow.

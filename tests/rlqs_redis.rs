@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::TestServer;
 use common::redis::{RedisCluster, RedisServer, connected_store, redis_settings};
-use common::rlqs::{Gateway, assigned};
+use common::rlqs::{Gateway, assigned, tokens_per_second};
 use portcullis::clock::ManualClock;
 use portcullis::store::quota::{Ask, AskKind, MemoryQuota, QuotaStore};
 use portcullis::store::redis::Topology;
@@ -153,16 +153,6 @@ async fn two_replicas_share_one_rule(a: &TestServer, b: &TestServer) {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert!(started.elapsed() >= Duration::from_secs(2), "expired early");
-}
-
-/// The rate of a token-bucket assignment ("tokens 1/2s ..." is 0.5).
-fn tokens_per_second(assigned: &str) -> f64 {
-    let rest = assigned
-        .strip_prefix("tokens ")
-        .unwrap_or_else(|| panic!("{assigned}"));
-    let (tokens, rest) = rest.split_once('/').unwrap();
-    let seconds = rest.split_once('s').unwrap().0;
-    tokens.parse::<f64>().unwrap() / seconds.parse::<f64>().unwrap()
 }
 
 /// RLS calls through one replica count against what a gateway streaming to the other holds of

@@ -53,9 +53,7 @@ pub fn run(
         .arg(format!("http://{addr}{path}"))
         .output()
         .expect("run h2load (Debian: nghttp2-client)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "h2load failed: {text}");
-    parse(&text).unwrap_or_else(|| panic!("h2load output not understood: {text}"))
+    summary(&out)
 }
 
 /// Runs h2load for `seconds` sending GETs to `path` on `addr` over keep-alive HTTP/1.1
@@ -68,6 +66,11 @@ pub fn get(addr: SocketAddr, path: &str, seconds: f64, connections: usize) -> Ru
         .arg(format!("http://{addr}{path}"))
         .output()
         .expect("run h2load (Debian: nghttp2-client)");
+    summary(&out)
+}
+
+/// A finished h2load run's summary; a failed or unreadable run stops the benchmark.
+fn summary(out: &std::process::Output) -> Run {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "h2load failed: {text}");
     parse(&text).unwrap_or_else(|| panic!("h2load output not understood: {text}"))

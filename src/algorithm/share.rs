@@ -140,15 +140,8 @@ pub fn report(
         }
     };
     holders[me].demand = demand.max(0.0);
-    let demands: Vec<f64> = holders.iter().map(|h| h.demand).collect();
-    let fair = fair_shares(capacity.max(0.0), &demands)[me];
-    let held_by_others: f64 = holders
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != me)
-        .map(|(_, h)| h.granted)
-        .sum();
-    let grant = quantize(fair.min(capacity - held_by_others));
+    let (fair, room) = fair_and_room(holders, capacity, me);
+    let grant = quantize(fair.min(room));
     holders[me].granted = grant.map_or(0.0, Tokens::per_second);
     holders[me].expires_us = now_us.saturating_add(ttl_us);
     grant
@@ -160,6 +153,12 @@ pub fn is_short(holders: &[Holder], capacity: f64, gateway: u64) -> bool {
     let Some(me) = holders.iter().position(|h| h.gateway == gateway) else {
         return false;
     };
+    let (fair, room) = fair_and_room(holders, capacity, me);
+    fair > room + EPSILON
+}
+
+/// Holder `me`'s max-min fair share of `capacity`, and what the others' grants leave it.
+fn fair_and_room(holders: &[Holder], capacity: f64, me: usize) -> (f64, f64) {
     let demands: Vec<f64> = holders.iter().map(|h| h.demand).collect();
     let fair = fair_shares(capacity.max(0.0), &demands)[me];
     let others: f64 = holders
@@ -168,7 +167,7 @@ pub fn is_short(holders: &[Holder], capacity: f64, gateway: u64) -> bool {
         .filter(|(i, _)| *i != me)
         .map(|(_, h)| h.granted)
         .sum();
-    fair > capacity - others + EPSILON
+    (fair, capacity - others)
 }
 
 /// Records demand that holds no grant (RLS calls on a descriptor gateways hold part of): it

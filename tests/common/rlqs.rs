@@ -170,3 +170,13 @@ pub fn assigned(action: &BucketAction) -> String {
         }
     }
 }
+
+/// The rate of a token-bucket assignment ("tokens 1/2s ..." is 0.5).
+pub fn tokens_per_second(assigned: &str) -> f64 {
+    let rest = assigned
+        .strip_prefix("tokens ")
+        .unwrap_or_else(|| panic!("{assigned}"));
+    let (tokens, rest) = rest.split_once('/').unwrap();
+    let seconds = rest.split_once('s').unwrap().0;
+    tokens.parse::<f64>().unwrap() / seconds.parse::<f64>().unwrap()
+}
