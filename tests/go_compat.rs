@@ -75,6 +75,18 @@ fn clear_of_day_boundary() {
 /// the fourth refused (fixed window), the Go endpoints on the Go ports.
 async fn serves_like_the_go_service(server: &ServeProcess, envs: &[(&str, String)], user: &str) {
     clear_of_day_boundary();
+    // Kubernetes sends traffic once the readiness probe (the Go Deployment's /healthcheck) says
+    // Redis answered; a call before that is answered by the failure mode, as it should be.
+    let port = var(envs, "PORT");
+    let mut ready = false;
+    for _ in 0..200 {
+        if http(port, "GET", "/healthcheck", "").await.0 == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "ready within 10 s: {}", server.log());
     let mut client = RateLimitServiceClient::connect(server.grpc_url())
         .await
         .expect("connect to GRPC_PORT");
@@ -89,7 +101,6 @@ async fn serves_like_the_go_service(server: &ServeProcess, envs: &[(&str, String
     }
     assert_eq!(codes, [OK, OK, OK, OVER], "{}", server.log());
 
-    let port = var(envs, "PORT");
     assert_eq!(
         http(port, "GET", "/healthcheck", "").await,
         (200, "OK".into())
