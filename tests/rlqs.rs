@@ -791,18 +791,29 @@ async fn bucket_bytes_are_bounded_per_stream_and_in_all() {
     server.stop().await;
 }
 
+/// A report is bounded by what the stream's bucket bounds let it hold (Envoy sends every bucket
+/// in each report), not by RLS' --max-message-bytes: 20 buckets of 1 KB pass a 16 KiB RLS
+/// bound, and a report past the bucket bounds' size is refused.
 #[tokio::test]
 async fn a_report_past_the_message_bound_is_refused() {
     let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
         s.rlqs.rlqs = true;
         s.max_message_bytes = 16 * 1024;
+        // 24 KiB of ids + 128 B for each of 20 buckets + 64 KiB: about 90 KiB a report.
+        s.rlqs.rlqs_max_bucket_bytes_per_stream = 24 * 1024;
+        s.rlqs.rlqs_max_buckets_per_stream = 20;
     })
     .await;
     let mut gateway = Gateway::open(&server).await;
     let value = "v".repeat(1000);
-    let ids: Vec<Vec<(&str, &str)>> = (0..20).map(|_| vec![("tenant", value.as_str())]).collect();
+    let names: Vec<String> = (0..20).map(|i| format!("{i:02}{value}")).collect();
+    let ids: Vec<Vec<(&str, &str)>> = names.iter().map(|v| vec![("tenant", v.as_str())]).collect();
     let usages: Vec<Usage<'_>> = ids.iter().map(|id| (id.as_slice(), 1, 0)).collect();
-    let status = gateway.report("edge", &usages).await.unwrap_err();
+    assert_eq!(gateway.report("edge", &usages).await.unwrap().len(), 20);
+    let mut gateway = Gateway::open(&server).await;
+    let value = "v".repeat(100_000);
+    let big: &[(&str, &str)] = &[("tenant", value.as_str())];
+    let status = gateway.report("edge", &[(big, 1, 0)]).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
     let metrics = server.running.as_ref().unwrap().metrics.encode();
     assert!(

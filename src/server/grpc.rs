@@ -63,8 +63,9 @@ pub(super) async fn serve(
         .add_service(health_service)
         .add_service(rls)
         .add_optional_service(quota.map(|q| {
-            RateLimitQuotaServiceServer::new(q)
-                .max_decoding_message_size(settings.max_message_bytes)
+            RateLimitQuotaServiceServer::new(q).max_decoding_message_size(
+                settings.rlqs.max_report_bytes(settings.max_message_bytes),
+            )
         }));
     let grpc_stopped = super::wait_for_stop(stopped.clone());
     let grpc_task = match tls_files(settings)? {

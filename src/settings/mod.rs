@@ -299,7 +299,8 @@ pub struct Settings {
     /// INVALID_ARGUMENT. Bounds every counter key, metric label and cache entry a request makes.
     #[arg(long, env = "PORTCULLIS_MAX_STRING_BYTES", default_value_t = 1024)]
     pub max_string_bytes: usize,
-    /// Largest request message accepted, in bytes (Envoy's requests are a few hundred bytes).
+    /// Largest RLS request message accepted, in bytes (Envoy's requests are a few hundred
+    /// bytes). RLQS reports are bounded by the --rlqs-max-bucket* flags instead.
     #[arg(long, env = "PORTCULLIS_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024)]
     pub max_message_bytes: usize,
     /// Most per-value metric series that `detailed_metric` rules may create (all rules together);

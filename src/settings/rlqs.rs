@@ -61,3 +61,23 @@ pub struct RlqsSettings {
     )]
     pub rlqs_max_reports_per_second: u32,
 }
+
+/// Room for one bucket's framing in a report beyond its id's bytes: the map entries' tags and
+/// lengths, `time_elapsed`, the two counters (a few entries' worth).
+const REPORT_BYTES_PER_BUCKET: usize = 128;
+
+impl RlqsSettings {
+    /// Largest report a stream may send: what its bucket bounds let it hold, each bucket framed,
+    /// and the domain. Envoy reports every bucket it holds in each report, so a limit below this
+    /// would refuse, at every report, a gateway the bucket bounds admit (--max-message-bytes
+    /// bounds RLS calls, a few hundred bytes each). About 5.3 MiB by default.
+    pub fn max_report_bytes(&self, max_message_bytes: usize) -> usize {
+        let buckets = self
+            .rlqs_max_buckets_per_stream
+            .saturating_mul(REPORT_BYTES_PER_BUCKET);
+        self.rlqs_max_bucket_bytes_per_stream
+            .saturating_add(buckets)
+            .saturating_add(64 << 10)
+            .max(max_message_bytes)
+    }
+}

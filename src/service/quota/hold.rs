@@ -26,18 +26,25 @@ pub(super) struct Hold {
 /// The holds of one report: one per descriptor its buckets meet (`asks[i]` is the ask of
 /// reported bucket `i`, if limited), each joined by the stream's other buckets on it.
 pub(super) fn holds(asks: &[Option<(Ask, &BucketKey)>], buckets: &Buckets) -> Vec<Hold> {
+    // Found by descriptor through a map: a report of 10,000 descriptors searched the list for
+    // each, 0.65 s of a debug build's report (a tenth of that in release) before Redis was asked.
     let mut holds: Vec<Hold> = Vec::new();
+    let mut by_key: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (i, planned) in asks.iter().enumerate() {
         let Some((ask, _)) = planned else { continue };
-        match holds.iter_mut().find(|h| h.ask.key == ask.key) {
-            Some(hold) => {
+        match by_key.get(&ask.key) {
+            Some(&at) => {
+                let hold = &mut holds[at];
                 hold.ask.demand += ask.demand;
                 hold.members.push((Member::Reported(i), ask.demand));
             }
-            None => holds.push(Hold {
-                ask: ask.clone(),
-                members: vec![(Member::Reported(i), ask.demand)],
-            }),
+            None => {
+                by_key.insert(ask.key.clone(), holds.len());
+                holds.push(Hold {
+                    ask: ask.clone(),
+                    members: vec![(Member::Reported(i), ask.demand)],
+                });
+            }
         }
     }
     if holds.is_empty() {
@@ -52,7 +59,8 @@ pub(super) fn holds(asks: &[Option<(Ask, &BucketKey)>], buckets: &Buckets) -> Ve
         if reported.contains(key) {
             continue;
         }
-        if let Some(hold) = holds.iter_mut().find(|h| &h.ask.key == counter) {
+        if let Some(&at) = by_key.get(counter) {
+            let hold = &mut holds[at];
             hold.ask.demand += bucket.demand;
             hold.members
                 .push((Member::Quiet(key.clone()), bucket.demand));
