@@ -80,6 +80,9 @@ for k, key in ipairs(KEYS) do
   local all = redis.call('HGETALL', key)
   local demands, granted = {}, {}
   local me = nil
+  -- The replicas' RLS demands (fields 'r…') weigh as one holder asking for their sum
+  -- (algorithm::share::RLS_HOLDER).
+  local rls, rls_count = nil, 0
   for j = 1, #all, 2 do
     local d, g, e = string.match(all[j + 1], '^([^:]+):([^:]+):([^:]+)$')
     d, g, e = tonumber(d), tonumber(g), tonumber(e)
@@ -87,7 +90,11 @@ for k, key in ipairs(KEYS) do
       me = #demands + 1
       demands[me], granted[me] = demand, 0
     elseif e ~= nil and e > now then
-      demands[#demands + 1], granted[#granted + 1] = d, g
+      if string.byte(all[j], 1) == 114 then
+        rls, rls_count = (rls or 0) + math.max(d, 0), rls_count + 1
+      else
+        demands[#demands + 1], granted[#granted + 1] = d, g
+      end
     else
       redis.call('HDEL', key, all[j])
     end
@@ -95,7 +102,7 @@ for k, key in ipairs(KEYS) do
   local per_fill, every, short = 0, 0, 0
   if kind == '2' then
     if me ~= nil then redis.call('HDEL', key, gateway) end
-  elseif me == nil and #demands >= max_holders then
+  elseif me == nil and #demands + rls_count >= max_holders then
     per_fill, every = 0, 0
   elseif demand_only then
     redis.call('HSET', key, gateway, string.format('%.17g:0:%d', demand, now + ttl))
@@ -103,6 +110,9 @@ for k, key in ipairs(KEYS) do
     if me == nil then
       me = #demands + 1
       demands[me], granted[me] = demand, 0
+    end
+    if rls ~= nil then
+      demands[#demands + 1], granted[#granted + 1] = rls, 0
     end
     local others = 0
     for i = 1, #granted do

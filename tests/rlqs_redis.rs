@@ -20,7 +20,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-/// Random reports of five gateways on three rules, with RLS demand and streams' ends among them, against Redis and
+/// Random reports of five gateways on three rules, with RLS demand of three replicas and streams'
+/// ends among them, against Redis and
 /// against the memory model: the same grants, report after report, and at the end the same
 /// reservations read back (what RLS on every replica counts against).
 async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
@@ -41,8 +42,10 @@ async fn grants_match_the_model(store: &dyn QuotaStore, seed: u64) {
                 Ask {
                     key: format!("{{m{seed}|rule={rule}}}"),
                     capacity: capacities[rule],
+                    // RLS demand of three replicas, two of whose ids are also gateways': one
+                    // holder together, and apart from those gateways.
                     gateway: if demand_only {
-                        100
+                        rng.random_range(4..=6)
                     } else {
                         rng.random_range(1..=5)
                     },

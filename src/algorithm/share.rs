@@ -16,6 +16,10 @@ pub struct Holder {
     /// Requests per second granted to it, in force until `expires_us`.
     pub granted: f64,
     pub expires_us: u64,
+    /// RLS demand (`record_demand`: one replica's RLS calls on the descriptor), not a gateway:
+    /// every replica records its own, and the fair shares count them together as one holder
+    /// asking for their sum (RLS is one claimant however many replicas serve it).
+    pub rls: bool,
 }
 
 /// The most holders one rule keeps: a gateway past it is granted nothing until one leaves.
@@ -125,8 +129,9 @@ pub fn report(
     now_us: u64,
     ttl_us: u64,
 ) -> Option<Tokens> {
-    holders.retain(|h| h.expires_us > now_us || h.gateway == gateway);
-    let me = match holders.iter().position(|h| h.gateway == gateway) {
+    let mine = |h: &Holder| h.gateway == gateway && !h.rls;
+    holders.retain(|h| h.expires_us > now_us || mine(h));
+    let me = match holders.iter().position(mine) {
         Some(i) => i,
         None if holders.len() >= MAX_HOLDERS => return None,
         None => {
@@ -135,6 +140,7 @@ pub fn report(
                 demand,
                 granted: 0.0,
                 expires_us: 0,
+                rls: false,
             });
             holders.len() - 1
         }
@@ -150,17 +156,31 @@ pub fn report(
 /// Whether `gateway`'s fair share on `holders` is more than the others' live grants leave it:
 /// they must shrink before it gets its part (quantization alone does not count).
 pub fn is_short(holders: &[Holder], capacity: f64, gateway: u64) -> bool {
-    let Some(me) = holders.iter().position(|h| h.gateway == gateway) else {
+    let Some(me) = holders.iter().position(|h| h.gateway == gateway && !h.rls) else {
         return false;
     };
     let (fair, room) = fair_and_room(holders, capacity, me);
     fair > room + EPSILON
 }
 
-/// Holder `me`'s max-min fair share of `capacity`, and what the others' grants leave it.
+/// Holder `me`'s (a gateway's) max-min fair share of `capacity`, the replicas' RLS demands
+/// counted as one holder, and what the others' grants leave it.
 fn fair_and_room(holders: &[Holder], capacity: f64, me: usize) -> (f64, f64) {
-    let demands: Vec<f64> = holders.iter().map(|h| h.demand).collect();
-    let fair = fair_shares(capacity.max(0.0), &demands)[me];
+    let mut demands: Vec<f64> = Vec::with_capacity(holders.len());
+    let mut mine = 0;
+    let mut rls: Option<f64> = None;
+    for (i, h) in holders.iter().enumerate() {
+        if h.rls && i != me {
+            *rls.get_or_insert(0.0) += h.demand.max(0.0);
+        } else {
+            if i == me {
+                mine = demands.len();
+            }
+            demands.push(h.demand);
+        }
+    }
+    demands.extend(rls);
+    let fair = fair_shares(capacity.max(0.0), &demands)[mine];
     let others: f64 = holders
         .iter()
         .enumerate()
@@ -180,14 +200,16 @@ pub fn record_demand(
     now_us: u64,
     ttl_us: u64,
 ) {
-    holders.retain(|h| h.expires_us > now_us || h.gateway == gateway);
+    let mine = |h: &Holder| h.gateway == gateway && h.rls;
+    holders.retain(|h| h.expires_us > now_us || mine(h));
     let holder = Holder {
         gateway,
         demand: demand.max(0.0),
         granted: 0.0,
         expires_us: now_us.saturating_add(ttl_us),
+        rls: true,
     };
-    match holders.iter().position(|h| h.gateway == gateway) {
+    match holders.iter().position(mine) {
         Some(i) => holders[i] = holder,
         None if holders.len() < MAX_HOLDERS => holders.push(holder),
         None => {}
@@ -197,7 +219,7 @@ pub fn record_demand(
 /// Takes `gateway`'s holder off (its stream ended): what it held is free at once for the
 /// others' next reports, instead of at its grant's end.
 pub fn release(holders: &mut Vec<Holder>, gateway: u64) {
-    holders.retain(|h| h.gateway != gateway);
+    holders.retain(|h| h.gateway != gateway || h.rls);
 }
 
 #[cfg(test)]
@@ -326,6 +348,25 @@ mod tests {
         // Once RLS stops asking (its demand expires), the gateway grows back.
         let g = report(&mut holders, 10.0, 1, 30.0, 3_200_000, ttl).unwrap();
         assert_eq!(g.per_second(), 10.0);
+    }
+
+    #[test]
+    fn the_replicas_rls_demands_weigh_as_one_holder() {
+        let ttl = 3_000_000;
+        // Three replicas see RLS calls at 3 a second each: RLS asks for 9 as one holder, so a
+        // gateway asking for 10 of 10 gets an equal half (as against two; three holders of 3
+        // would leave it 1).
+        let mut holders = Vec::new();
+        for replica in 1..=3 {
+            record_demand(&mut holders, replica, 3.0, 0, ttl);
+        }
+        let g = report(&mut holders, 10.0, 1, 10.0, 1, ttl).unwrap();
+        assert_eq!(g.per_second(), 5.0);
+        // One replica's RLS alone asking for little: the gateway gets the rest.
+        let mut holders = Vec::new();
+        record_demand(&mut holders, 1, 2.0, 0, ttl);
+        let g = report(&mut holders, 10.0, 1, 10.0, 1, ttl).unwrap();
+        assert_eq!(g.per_second(), 8.0);
     }
 
     proptest! {

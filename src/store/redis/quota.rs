@@ -15,8 +15,8 @@ use super::cluster_batch::slot_of;
 use super::connection::Backend;
 use crate::algorithm::share::{MAX_HOLDERS, Tokens};
 use crate::store::quota::{
-    Ask, CONTESTED_US, ContestedFuture, GrantFuture, Grants, MAX_CONTESTED, MAX_QUOTA_KEYS,
-    QuotaStore, Reservations, ReservationsFuture,
+    Ask, AskKind, CONTESTED_US, ContestedFuture, GrantFuture, Grants, MAX_CONTESTED,
+    MAX_QUOTA_KEYS, QuotaStore, Reservations, ReservationsFuture,
 };
 use crate::store::{StoreError, in_call_order};
 
@@ -92,8 +92,15 @@ impl RedisStore {
             cmd.arg(self.quota_key(&ask.key));
         }
         for ask in asks {
+            // RLS demand is a field of its own kind (`r…`): the script counts every replica's
+            // together as one holder.
+            let holder = if ask.kind == AskKind::Demand {
+                format!("r{}", ask.gateway)
+            } else {
+                ask.gateway.to_string()
+            };
             cmd.arg(ask.capacity.to_string())
-                .arg(ask.gateway.to_string())
+                .arg(holder)
                 .arg(ask.demand.to_string())
                 .arg(ask.ttl_us)
                 .arg(ask.kind.code());
