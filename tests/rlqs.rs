@@ -888,3 +888,49 @@ descriptors:
     assert_eq!(words, ["allow_all ttl 3s", "tokens 10/1s max 10 ttl 3s"]);
     server.stop().await;
 }
+
+/// One replica's streams hold at most a quarter of a descriptor's holder slots (256 of 1,024), so
+/// that they never take them all from the gateways of other replicas: the 257th stream on one
+/// descriptor is denied (and counted) until one of the others leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replicas_streams_hold_at_most_a_quarter_of_a_descriptors_slots() {
+    let server = server().await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let refused = || {
+        let metrics = server.running.as_ref().unwrap().metrics.encode();
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("portcullis_rlqs_holds_refused_total "))
+            .map(str::to_owned);
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no refusal counter: {metrics}"))
+    };
+    let tenant: &[(&str, &str)] = &[("tenant", "crowded")];
+    let mut gateways = Vec::new();
+    for _ in 0..256 {
+        let mut gateway = Gateway::open(&server).await;
+        gateway.report("edge", &[(tenant, 1, 0)]).await.unwrap();
+        gateways.push(gateway);
+    }
+    assert_eq!(refused(), 0);
+    let mut late = Gateway::open(&server).await;
+    let actions = late.report("edge", &[(tenant, 1, 0)]).await.unwrap();
+    assert_eq!(assigned(&actions[0]), "deny_all ttl 3s");
+    assert_eq!(refused(), 1);
+    // Another descriptor is not crowded: its hold is asked of the store.
+    let other: &[(&str, &str)] = &[("tenant", "quiet")];
+    let actions = late.report("edge", &[(other, 1, 0)]).await.unwrap();
+    assert!(
+        actions.iter().any(|a| assigned(a).starts_with("tokens")),
+        "{actions:?}"
+    );
+    assert_eq!(refused(), 1);
+    // One stream leaves: the late one holds its slot at its next report.
+    drop(gateways.pop());
+    await_streams(admin, 256).await;
+    late.report("edge", &[(tenant, 1, 0)]).await.unwrap();
+    assert_eq!(refused(), 1);
+    drop(gateways);
+    drop(late);
+    server.stop().await;
+}

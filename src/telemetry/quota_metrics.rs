@@ -35,6 +35,9 @@ pub struct QuotaMetrics {
     pub reports_paced: Counter,
     /// Answers pushed between reports (a descriptor held was contested: parts changed).
     pub pushes: Counter,
+    /// Holds refused: this replica's streams already held `MAX_STREAMS_PER_DESCRIPTOR` of the
+    /// descriptor's holder slots.
+    pub holds_refused: Counter,
     /// Descriptors RLS calls on this replica see partly held by gateways (read each second).
     pub reserved_descriptors: Gauge,
     /// Failed reads of the reservations or pushes of RLS demand (the last read stays in force).
@@ -112,6 +115,13 @@ impl QuotaMetrics {
             "rlqs_pushes",
             "RLQS answers pushed between reports: a descriptor the stream holds was contested by a gateway short of its fair share, and its parts changed",
             self.pushes.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_holds_refused",
+            "RLQS holds refused (DENY_ALL until the next report): this replica's streams already held its share of the descriptor's holder slots",
+            self.holds_refused.clone(),
         );
         register(
             registry,

@@ -71,16 +71,22 @@ impl Inner {
         let demands = asks_demand(&asks);
         // Bounded as the buckets are (a reload may move a bucket to another descriptor).
         state.ttl = ttl;
-        for h in &holds {
+        let mut refused = vec![false; holds.len()];
+        for (h, refused) in holds.iter().zip(&mut refused) {
             let known = state.asks.contains_key(&h.ask.key);
-            if known || state.asks.len() < 2 * self.config.max_buckets_per_stream {
-                state.asks.insert(h.ask.key.clone(), h.ask.clone());
-                if !known {
-                    self.pushes.hold(state.stream, &h.ask.key);
+            if !known {
+                if state.asks.len() >= 2 * self.config.max_buckets_per_stream {
+                    continue;
+                }
+                // Kept in the push registry only with its ask: the stream's end releases both.
+                if !self.pushes.hold(state.stream, &h.ask.key) {
+                    *refused = true;
+                    continue;
                 }
             }
+            state.asks.insert(h.ask.key.clone(), h.ask.clone());
         }
-        let grants = self.grant(&holds, gateway).await;
+        let grants = self.grant_unless_refused(&holds, &refused, gateway).await;
 
         // Each reported bucket's part (or why there is none); quiet buckets' new parts.
         let mut parts: Vec<Option<Result<Option<Tokens>, StoreError>>> =
@@ -221,6 +227,51 @@ impl Inner {
             });
         }
         planned
+    }
+
+    /// The holds' grants, in their order; a refused hold (this replica's streams hold their
+    /// part of its descriptor's holder slots) is granted nothing and not asked of the store.
+    async fn grant_unless_refused(
+        &self,
+        holds: &[hold::Hold],
+        refused: &[bool],
+        gateway: u64,
+    ) -> Vec<Result<Option<Tokens>, StoreError>> {
+        if !refused.contains(&true) {
+            return self.grant(holds, gateway).await;
+        }
+        let count = refused.iter().filter(|r| **r).count();
+        self.metrics.quota.holds_refused.inc_by(count as u64);
+        if let Some(skipped) = self.log.allow() {
+            tracing::warn!(
+                gateway,
+                refused = count,
+                most = super::push::MAX_STREAMS_PER_DESCRIPTOR,
+                similar_not_logged = skipped,
+                "RLQS holds refused: this replica's streams hold as many of a descriptor's holder \
+                 slots as one replica may; those buckets are denied until a stream leaves"
+            );
+        }
+        let asked: Vec<hold::Hold> = holds
+            .iter()
+            .zip(refused)
+            .filter(|(_, r)| !**r)
+            .map(|(h, _)| hold::Hold {
+                ask: h.ask.clone(),
+                members: h.members.clone(),
+            })
+            .collect();
+        let mut granted = self.grant(&asked, gateway).await.into_iter();
+        refused
+            .iter()
+            .map(|r| {
+                if *r {
+                    Ok(None)
+                } else {
+                    granted.next().unwrap_or(Ok(None))
+                }
+            })
+            .collect()
     }
 
     /// The holds' grants, in their order: from the store within `--rlqs-store-timeout`, and

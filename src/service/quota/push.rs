@@ -24,6 +24,11 @@ pub const EVERY: Duration = Duration::from_millis(500);
 /// Re-asks a stream may have waiting.
 pub const MAILBOX: usize = 16;
 
+/// The most of this replica's streams that hold one descriptor: a quarter of the slots the store
+/// keeps per descriptor (`algorithm::share::MAX_HOLDERS`), so that one replica's streams never
+/// take them all from the gateways of the others.
+pub const MAX_STREAMS_PER_DESCRIPTOR: usize = crate::algorithm::share::MAX_HOLDERS / 4;
+
 #[derive(Default)]
 struct Inner {
     /// Descriptor → the streams holding part of it.
@@ -50,11 +55,15 @@ impl Pushes {
         rx
     }
 
-    /// `stream` holds part of `key`.
-    pub fn hold(&self, stream: u64, key: &str) {
+    /// `stream` holds part of `key`; false (and nothing kept) when `MAX_STREAMS_PER_DESCRIPTOR`
+    /// other streams of this replica hold it already.
+    pub fn hold(&self, stream: u64, key: &str) -> bool {
         let mut inner = self.lock();
         match inner.holders.get_mut(key) {
             Some(streams) => {
+                if !streams.contains(&stream) && streams.len() >= MAX_STREAMS_PER_DESCRIPTOR {
+                    return false;
+                }
                 streams.insert(stream);
             }
             None => {
@@ -63,6 +72,7 @@ impl Pushes {
                     .insert(key.to_owned(), HashSet::from([stream]));
             }
         }
+        true
     }
 
     /// The stream ended: it holds nothing any more.
