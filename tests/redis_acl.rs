@@ -1,6 +1,6 @@
 //! The Redis ACL README gives is enough: a user made with exactly that line decides every
 //! algorithm, refunds and post-paid charges, keeps temporary scaling factors, grants RLQS
-//! shares and keeps the reservations RLS reads, and answers readiness, with no NOPERM anywhere
+//! shares, pushes them between reports and keeps the reservations RLS reads, and answers readiness, with no NOPERM anywhere
 //! (Redis checks the commands a script calls against the user's permissions).
 
 mod common;
@@ -96,6 +96,18 @@ async fn the_readme_acl_is_all_the_service_needs() {
         .await
         .unwrap();
     assert!(assigned(&actions[0]).starts_with("tokens"), "{actions:?}");
+    // A second gateway on the descriptor is short of its fair share: the descriptor is marked
+    // contested (a sorted set) and the push round reads it, so the first is pushed its smaller
+    // part between reports.
+    let mut second = Gateway::open(&server).await;
+    second
+        .report("acl", &[(&[("fixed", "g")], 3, 0)])
+        .await
+        .unwrap();
+    assert!(
+        gateway.pushed(Duration::from_secs(3)).await.is_some(),
+        "no push under the guide's ACL"
+    );
     server.ok(request("acl", &[&[("fixed", "g")]])).await;
     let started = std::time::Instant::now();
     loop {
@@ -127,6 +139,7 @@ async fn the_readme_acl_is_all_the_service_needs() {
     for series in [
         "portcullis_rlqs_store_errors_total",
         "portcullis_rlqs_reserved_errors_total",
+        "portcullis_rlqs_push_errors_total",
     ] {
         assert_eq!(sample(&metrics, series), 0.0, "{series}\n{metrics}");
     }

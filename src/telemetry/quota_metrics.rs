@@ -38,6 +38,8 @@ pub struct QuotaMetrics {
     /// Holds refused: this replica's streams already held `MAX_STREAMS_PER_DESCRIPTOR` of the
     /// descriptor's holder slots.
     pub holds_refused: Counter,
+    /// Writes or reads of the contested descriptors that failed (pushes wait for the reports).
+    pub push_errors: Counter,
     /// Descriptors RLS calls on this replica see partly held by gateways (read each second).
     pub reserved_descriptors: Gauge,
     /// Failed reads of the reservations or pushes of RLS demand (the last read stays in force).
@@ -115,6 +117,13 @@ impl QuotaMetrics {
             "rlqs_pushes",
             "RLQS answers pushed between reports: a descriptor the stream holds was contested by a gateway short of its fair share, and its parts changed",
             self.pushes.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_push_errors",
+            "Writes or reads of the RLQS contested descriptors that failed: a gateway short of its share waits for the others' next reports instead of a push",
+            self.push_errors.clone(),
         );
         register(
             registry,

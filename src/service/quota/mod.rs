@@ -114,7 +114,13 @@ impl QuotaService {
     ) -> Self {
         let pushes = Arc::new(push::Pushes::default());
         if let Some(every) = config.push_every {
-            push::spawn(pushes.clone(), quota.clone(), every, stopped.clone());
+            push::spawn(
+                pushes.clone(),
+                quota.clone(),
+                every,
+                metrics.clone(),
+                stopped.clone(),
+            );
         }
         Self {
             streams: Arc::new(Semaphore::new(config.max_streams)),

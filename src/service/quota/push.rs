@@ -110,14 +110,16 @@ impl Pushes {
 }
 
 /// Reads the contested descriptors every `every` until `stopped`, telling the streams. A failed
-/// read is only logged at debug level: the streams shrink at their next report instead.
+/// read is logged (throttled) and counted: the streams shrink at their next report instead.
 pub fn spawn(
     pushes: Arc<Pushes>,
     quota: Arc<dyn QuotaStore>,
     every: Duration,
+    metrics: Arc<crate::telemetry::Metrics>,
     mut stopped: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let log = crate::telemetry::LogThrottle::default();
         let mut ticker = tokio::time::interval(every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -133,7 +135,12 @@ pub fn spawn(
                     pushes.notify(&contested);
                 }
                 Ok(_) => {}
-                Err(error) => tracing::debug!(%error, "RLQS contested descriptors not read"),
+                Err(error) => {
+                    metrics.quota.push_errors.inc();
+                    if let Some(skipped) = log.allow() {
+                        tracing::warn!(%error, similar_not_logged = skipped, "RLQS contested descriptors not read: no pushes this round");
+                    }
+                }
             }
         }
     })

@@ -56,6 +56,9 @@ pub struct RedisStore {
     prefix: String,
     /// How new sliding-window keys are stored.
     sliding_layout: script::SlidingLayout,
+    /// For the failures the quota path logs and counts itself (the contested feed).
+    metrics: Arc<Metrics>,
+    quota_log: Arc<crate::telemetry::LogThrottle>,
 }
 
 impl RedisStore {
@@ -76,9 +79,10 @@ impl RedisStore {
             Backend::Cluster(_) => None,
         };
         let node_batcher = match &backend {
-            Backend::Cluster(cluster) => {
-                Some(cluster_batch::NodeBatcher::spawn(cluster.clone(), metrics))
-            }
+            Backend::Cluster(cluster) => Some(cluster_batch::NodeBatcher::spawn(
+                cluster.clone(),
+                metrics.clone(),
+            )),
             Backend::Pool(_) => None,
         };
         Ok(RedisStore {
@@ -87,6 +91,8 @@ impl RedisStore {
             node_batcher,
             prefix: key_prefix.to_owned(),
             sliding_layout: script::SlidingLayout::default(),
+            metrics,
+            quota_log: Arc::default(),
         })
     }
 

@@ -220,7 +220,10 @@ impl QuotaStore for RedisStore {
                 let tags: Vec<&str> = short.iter().map(|(t, _)| *t).collect();
                 let until = now_us + i64::try_from(CONTESTED_US).unwrap_or(i64::MAX);
                 if let Err(error) = self.contest(&tags, until, deadline).await {
-                    tracing::debug!(%error, "RLQS contested descriptors not written");
+                    self.metrics.quota.push_errors.inc();
+                    if let Some(skipped) = self.quota_log.allow() {
+                        tracing::warn!(%error, similar_not_logged = skipped, "RLQS contested descriptors not written: gateways short of their share wait for the others' next reports");
+                    }
                 }
             }
             granted
