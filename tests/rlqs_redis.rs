@@ -410,3 +410,69 @@ async fn a_large_report_under_a_slow_redis_is_answered_from_the_store() {
     assert!(widest > 1000, "the report went to Redis: {log:.2000}");
     assert!(widest < 1300, "{widest} arguments in one call");
 }
+
+/// The reservation index at its bound (100,000 descriptors) is read in pages of about 1,000
+/// entries (HSCAN), so that no script call holds Redis for the whole index: read whole, it took
+/// 150-310 ms, and every RLS call queued behind it went to the failure mode. Every entry is read,
+/// and the longest page takes a fraction of one whole read (HGETALL) measured in the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reservation_index_is_read_in_pages_that_hold_redis_briefly() {
+    let redis = RedisServer::start();
+    let store = connected_store(Topology::Standalone(redis.url()), "p:").await;
+    // 100,000 live entries, written as quota_index.lua writes them.
+    common::redis::cli(
+        redis.port,
+        &[
+            "EVAL",
+            "for i = 1, 100000 do redis.call('HSET', KEYS[1], '{e|t=' .. i .. '}', \
+             '0.5|9999999999999999|1') end",
+            "1",
+            "p:{rlqs-reserved}",
+        ],
+    );
+    common::redis::cli(
+        redis.port,
+        &["CONFIG", "SET", "slowlog-log-slower-than", "0"],
+    );
+    common::redis::cli(redis.port, &["CONFIG", "SET", "slowlog-max-len", "100000"]);
+    common::redis::cli(redis.port, &["SLOWLOG", "RESET"]);
+    let held = store
+        .reservations(Instant::now() + Duration::from_secs(30))
+        .await
+        .expect("read");
+    assert_eq!(held.len(), 100_000);
+    assert_eq!(held["{e|t=77}"], 0.5);
+    common::redis::cli(redis.port, &["HGETALL", "p:{rlqs-reserved}"]);
+    // SLOWLOG entries: id, time, duration (µs), then the command's arguments.
+    let log = common::redis::cli(redis.port, &["SLOWLOG", "GET", "100000"]);
+    let lines: Vec<&str> = log.lines().map(str::trim).collect();
+    let mut pages = Vec::new();
+    let mut whole = 0u64;
+    for (i, line) in lines.iter().enumerate() {
+        let (Some(duration), Some(command)) = (lines.get(i + 2), lines.get(i + 3)) else {
+            continue;
+        };
+        if line.parse::<u64>().is_err() || lines.get(i + 1).is_none() {
+            continue;
+        }
+        let Ok(duration) = duration.parse::<u64>() else {
+            continue;
+        };
+        match *command {
+            "EVAL" => pages.push(duration),
+            "HGETALL" if lines.get(i + 4) == Some(&"p:{rlqs-reserved}") => whole = duration,
+            _ => {}
+        }
+    }
+    let longest = pages.iter().copied().max().unwrap_or(0);
+    eprintln!(
+        "{} pages, the longest {longest} µs; the whole index in one HGETALL {whole} µs",
+        pages.len()
+    );
+    assert!(pages.len() >= 50, "{} pages", pages.len());
+    assert!(whole > 0, "{log:.3000}");
+    assert!(
+        longest * 5 < whole,
+        "a page {longest} µs, the whole {whole} µs"
+    );
+}

@@ -26,6 +26,12 @@ const QUOTA: &str = include_str!("../../../lua/quota.lua");
 const MAX_ASKS_PER_CALL: usize = 200;
 const INDEX: &str = include_str!("../../../lua/quota_index.lua");
 const RESERVED: &str = include_str!("../../../lua/quota_reserved.lua");
+
+/// Entries one page of the reservation index reads (HSCAN's COUNT): a few milliseconds of Redis.
+const RESERVED_PAGE: usize = 1_000;
+
+/// The most pages one read takes: the index's bound four times over (HSCAN's COUNT is a hint).
+const MAX_RESERVED_PAGES: usize = 4 * MAX_QUOTA_KEYS / RESERVED_PAGE;
 const CONTEST: &str = include_str!("../../../lua/quota_contest.lua");
 const CONTESTED: &str = include_str!("../../../lua/quota_contested.lua");
 
@@ -255,17 +261,44 @@ impl QuotaStore for RedisStore {
 
     fn reservations(&self, deadline: Instant) -> ReservationsFuture<'_> {
         Box::pin(async move {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(RESERVED).arg(1).arg(self.reserved_key());
-            let flat: Vec<String> = redis::from_redis_value(self.query(cmd, deadline).await?)
-                .map_err(|e| StoreError::Protocol(format!("reservation index: {e}")))?;
-            let held: Reservations = flat
-                .chunks_exact(2)
-                .take(MAX_QUOTA_KEYS)
-                .filter_map(|pair| Some((pair[0].clone(), pair[1].parse::<f64>().ok()?)))
-                .filter(|(_, rate)| rate.is_finite() && *rate > 0.0)
-                .collect();
-            Ok(held)
+            // Page by page (HSCAN): no script call holds Redis for the whole index. A page may
+            // return an entry twice (a rehash in between); the map keeps one.
+            let mut held = Reservations::new();
+            let mut cursor = "0".to_owned();
+            for _ in 0..MAX_RESERVED_PAGES {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(RESERVED)
+                    .arg(1)
+                    .arg(self.reserved_key())
+                    .arg(&cursor)
+                    .arg(RESERVED_PAGE);
+                let page: Vec<String> =
+                    redis::from_redis_value(self.query(cmd, deadline).await?)
+                        .map_err(|e| StoreError::Protocol(format!("reservation index: {e}")))?;
+                let Some((next, flat)) = page.split_first() else {
+                    return Err(StoreError::Protocol(
+                        "reservation index: an empty page".into(),
+                    ));
+                };
+                for pair in flat.chunks_exact(2) {
+                    if held.len() >= MAX_QUOTA_KEYS {
+                        break;
+                    }
+                    if let Ok(rate) = pair[1].parse::<f64>()
+                        && rate.is_finite()
+                        && rate > 0.0
+                    {
+                        held.insert(pair[0].clone(), rate);
+                    }
+                }
+                if next == "0" {
+                    return Ok(held);
+                }
+                cursor = next.clone();
+            }
+            Err(StoreError::Protocol(format!(
+                "reservation index: not read through in {MAX_RESERVED_PAGES} pages"
+            )))
         })
     }
 }
