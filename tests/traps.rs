@@ -41,6 +41,51 @@ fn a_redis_url_with_the_memory_store_is_refused_naming_what_was_set() {
     );
 }
 
+/// Flags of a part that is switched off (RLQS without --rlqs, xDS without a server, the deny
+/// cache on the memory store) are refused, each family naming what was set.
+#[test]
+fn flags_of_a_part_switched_off_are_refused_naming_them() {
+    let rules = dir_with(&[("r.yaml", RULES)]);
+    let config = s(rules.path());
+    let (code, out) = portcullis_with_env(
+        &["serve", "--config", config, "--rlqs-max-streams", "8"],
+        &[("PORTCULLIS_RLQS_REPORTING_INTERVAL", "2s")],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "--rlqs-max-streams, PORTCULLIS_RLQS_REPORTING_INTERVAL set, but --rlqs is off"
+        ),
+        "{out}"
+    );
+    let (code, out) = portcullis(&[
+        "serve",
+        "--config",
+        config,
+        "--rules-xds-node-id",
+        "edge-1",
+        "--deny-cache-max-age",
+        "2s",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("--rules-xds-node-id set, but --rules-xds-server is not set"),
+        "{out}"
+    );
+    assert!(
+        out.contains("--deny-cache-max-age set, but the store is memory"),
+        "{out}"
+    );
+    // With their switch on, the same flags are taken.
+    let server = ServeProcess::spawn(
+        rules.path(),
+        &["--rlqs", "--rlqs-max-streams", "8"],
+        &[("PORTCULLIS_RLQS_REPORTING_INTERVAL", "2s".to_owned())],
+        &[],
+    );
+    drop(server);
+}
+
 #[test]
 fn a_bad_value_from_a_variable_names_the_variable() {
     for (var, value, words) in [
@@ -74,7 +119,7 @@ fn durations_take_the_units_people_write() {
             "24h",
             "--grpc-max-connection-age-grace",
             "1m",
-            "--rules-xds-backoff-max",
+            "--reload-interval",
             "45m30s",
             "--drain-period",
             "0.5s",

@@ -48,6 +48,40 @@ impl Settings {
                 ));
             }
         }
+        // A family of flags whose switch is off: nothing of them is used.
+        let mut family = |prefix: &str, on: bool, off: &str, fix: &str| {
+            let mut set = self.sources.set_with_prefix(prefix);
+            if on || set.is_empty() {
+                return;
+            }
+            set.sort();
+            problems.push(format!(
+                "{} set, but {off}: {} would do nothing; {fix}, or unset {}",
+                set.join(", "),
+                if set.len() == 1 { "it" } else { "they" },
+                if set.len() == 1 { "it" } else { "them" }
+            ));
+        };
+        family(
+            "--rlqs-",
+            self.rlqs.rlqs,
+            "--rlqs is off (the quota service is not served)",
+            "set --rlqs (PORTCULLIS_RLQS=true) to serve it",
+        );
+        family(
+            "--rules-xds-",
+            self.xds.rules_xds_server.is_some() || self.sources.is_set("--rules-xds-server"),
+            "--rules-xds-server is not set (rules come from --config)",
+            "set --rules-xds-server to take rules over xDS",
+        );
+        if self.store == StoreKind::Memory && self.env_compat.is_none() {
+            family(
+                "--deny-cache",
+                false,
+                "the store is memory (the deny cache serves Redis only)",
+                "set --store redis",
+            );
+        }
         problems.extend(self.traces.problems());
         problems
     }
