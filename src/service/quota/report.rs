@@ -198,8 +198,9 @@ pub(super) fn deny_all(id: BucketId, ttl: Duration) -> BucketAction {
     )
 }
 
-/// A grant as Envoy enforces it: a token bucket that holds one fill (a second of the share, or
-/// one token) and refills `per_fill` every `every_s` seconds.
+/// A grant as Envoy enforces it: a token bucket that holds `Tokens::burst` (a second of the
+/// share, at least two tokens where a fill brings two) and refills `per_fill` every `every_s`
+/// seconds.
 pub(super) fn token_bucket(id: BucketId, grant: Tokens, ttl: Duration) -> BucketAction {
     let bucket = TokenBucket {
         max_tokens: grant.burst(),
