@@ -96,18 +96,18 @@ async fn the_shipped_bootstrap_limits_each_descriptor_with_envoys_headers() {
     let ingress: SocketAddr = ([127, 0, 0, 1], ports.ingress).into();
 
     // login: a token bucket of burst 10 (5 a minute): the 11th attempt is refused. A call past
-    // the shipped 20 ms filter timeout (a loaded CI machine) is let through by Envoy uncounted
-    // (failure_mode_deny is off): it is read from Envoy's own counter, not guessed.
+    // the shipped 20 ms filter timeout (a loaded CI machine) is let through by Envoy
+    // (failure_mode_deny is off), read from Envoy's own counter, not guessed; Portcullis may
+    // still have counted it (it arrived, late), or not (it never did): 10 to 10 + those.
     let failed_open = "cluster.app.ratelimit.failure_mode_allowed";
     let before = proxy.stat(failed_open);
     let (passed, r) = until_limited(ingress, source(2), "/api/login", &[], 30).await;
     let open = proxy.stat(failed_open) - before;
     // The counters' prefix is right: the calls answered OK are counted under it.
     assert!(proxy.stat("cluster.app.ratelimit.ok") >= 10 - open);
-    assert_eq!(
-        passed,
-        10 + open as usize,
-        "login admits its burst of 10 ({open} calls failed open)"
+    assert!(
+        (10..=10 + open as usize).contains(&passed),
+        "login admits its burst of 10: {passed} ({open} calls failed open)"
     );
     assert_draft03(&r, "5", "5;w=60;name=\"login\"", 0);
 
