@@ -81,7 +81,7 @@ for k, key in ipairs(KEYS) do
   local demands, granted = {}, {}
   local me = nil
   -- The replicas' RLS demands (fields 'r…') weigh as one holder asking for their sum
-  -- (algorithm::share::RLS_HOLDER).
+  -- (algorithm::share::Holder::rls).
   local rls, rls_count = nil, 0
   for j = 1, #all, 2 do
     local d, g, e = string.match(all[j + 1], '^([^:]+):([^:]+):([^:]+)$')
@@ -90,7 +90,7 @@ for k, key in ipairs(KEYS) do
       me = #demands + 1
       demands[me], granted[me] = demand, 0
     elseif e ~= nil and e > now then
-      if string.byte(all[j], 1) == 114 then
+      if string.sub(all[j], 1, 1) == 'r' then
         rls, rls_count = (rls or 0) + math.max(d, 0), rls_count + 1
       else
         demands[#demands + 1], granted[#granted + 1] = d, g

@@ -70,7 +70,7 @@ impl Settings {
         );
         family(
             "--rules-xds-",
-            self.xds.rules_xds_server.is_some() || self.sources.is_set("--rules-xds-server"),
+            self.xds.rules_xds_server.is_some(),
             "--rules-xds-server is not set (rules come from --config)",
             "set --rules-xds-server to take rules over xDS",
         );

@@ -237,12 +237,13 @@ impl Inner {
         refused: &[bool],
         gateway: u64,
     ) -> Vec<Result<Option<Tokens>, StoreError>> {
-        if !refused.contains(&true) {
-            return self.grant(holds, gateway).await;
-        }
         let count = refused.iter().filter(|r| **r).count();
-        self.metrics.quota.holds_refused.inc_by(count as u64);
-        if let Some(skipped) = self.log.allow() {
+        if count > 0 {
+            self.metrics.quota.holds_refused.inc_by(count as u64);
+        }
+        if count > 0
+            && let Some(skipped) = self.log.allow()
+        {
             tracing::warn!(
                 gateway,
                 refused = count,
@@ -252,16 +253,13 @@ impl Inner {
                  slots as one replica may; those buckets are denied until a stream leaves"
             );
         }
-        let asked: Vec<hold::Hold> = holds
+        let asks: Vec<Ask> = holds
             .iter()
             .zip(refused)
             .filter(|(_, r)| !**r)
-            .map(|(h, _)| hold::Hold {
-                ask: h.ask.clone(),
-                members: h.members.clone(),
-            })
+            .map(|(h, _)| h.ask.clone())
             .collect();
-        let mut granted = self.grant(&asked, gateway).await.into_iter();
+        let mut granted = self.grant(asks, gateway).await.into_iter();
         refused
             .iter()
             .map(|r| {
@@ -276,15 +274,10 @@ impl Inner {
 
     /// The holds' grants, in their order: from the store within `--rlqs-store-timeout`, and
     /// under `local` from this replica's memory where the store could not answer.
-    async fn grant(
-        &self,
-        holds: &[hold::Hold],
-        gateway: u64,
-    ) -> Vec<Result<Option<Tokens>, StoreError>> {
-        if holds.is_empty() {
+    async fn grant(&self, asks: Vec<Ask>, gateway: u64) -> Vec<Result<Option<Tokens>, StoreError>> {
+        if asks.is_empty() {
             return Vec::new();
         }
-        let asks: Vec<Ask> = holds.iter().map(|h| h.ask.clone()).collect();
         // The wait for the store, from when it is asked: a report of 10,000 buckets spends a
         // few hundred milliseconds of a debug build being planned, which is not the store's.
         let deadline = Instant::now() + self.config.store_timeout;

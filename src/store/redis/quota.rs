@@ -26,14 +26,14 @@ const QUOTA: &str = include_str!("../../../lua/quota.lua");
 const MAX_ASKS_PER_CALL: usize = 200;
 const INDEX: &str = include_str!("../../../lua/quota_index.lua");
 const RESERVED: &str = include_str!("../../../lua/quota_reserved.lua");
+const CONTEST: &str = include_str!("../../../lua/quota_contest.lua");
+const CONTESTED: &str = include_str!("../../../lua/quota_contested.lua");
 
 /// Entries one page of the reservation index reads (HSCAN's COUNT): a few milliseconds of Redis.
 const RESERVED_PAGE: usize = 1_000;
 
 /// The most pages one read takes: the index's bound four times over (HSCAN's COUNT is a hint).
 const MAX_RESERVED_PAGES: usize = 4 * MAX_QUOTA_KEYS / RESERVED_PAGE;
-const CONTEST: &str = include_str!("../../../lua/quota_contest.lua");
-const CONTESTED: &str = include_str!("../../../lua/quota_contested.lua");
 
 /// One descriptor's grants after a report: the reporting gateway's grant, what all live grants
 /// hold (per second), when the longest ends and the clock they were computed on (µs).
