@@ -31,8 +31,11 @@
 --       concurrency; 11, 12, 13, 16 the same algorithms' refunds (16: slots released); 21, 22, 23 their post-paid charges: hits already consumed, recorded
 --       even when they do not fit, the reply still saying whether they did; 5, 15, 25 the
 --       sliding window's 1, 11, 21 whose new keys are made as hashes, 0.1.0's layout; 4 a
---       blocked descriptor, refused), five numbers whose meaning is the operation's (see
---       `run`), and where its key is in KEYS (or in the carried keys), from 1.
+--       blocked descriptor, refused; 1, 2, 3, 5 plus 100 plus 1000 times the window in
+--       milliseconds: the charge counts the RLQS grants' claims on its descriptor, claims.lua,
+--       and its reply ends with one more number, 0 when no gateway holds any of it, else 1 +
+--       what they claim), five numbers whose meaning is the operation's (see `run`), and where
+--       its key is in KEYS (or in the carried keys), from 1.
 -- Returns numbers, as one binary string of big-endian 64-bit integers when every key was decided,
 -- else as an array of integers and strings: the node's clock in microseconds when the script
 -- read TIME, else 0 (every reply, even one whose calls all expired, tells Portcullis this node's
@@ -173,6 +176,40 @@ end
 local function run(a, now, charging, commit_charges, call, i, scratch)
   local op, unit, n2, n3, n4, n5, at = read_numbers(KEY_NUMBERS, numbers, a)
   local key = keys[at]
+  -- A charge that counts the grants' claims: its limit less what they claim of its window.
+  local held = nil
+  if op >= 100 then
+    local window = math.floor(op / 1000) * 1000
+    op = op % 1000 - 100
+    local list = claims_on(key, now)
+    held = 0
+    if list then
+      local algorithm = op
+      if op == 5 then algorithm = 1 end
+      local claimed = claimed_of(list, algorithm, window, now)
+      held = claimed + 1
+      if op == 2 then
+        -- algorithm::claims::less: the burst less the claim. Its tolerance (quotient and
+        -- remainder in `unit` requests) loses the claim's span, rounded up; a claim of the
+        -- whole burst leaves a zero limit: refused unless it spends nothing, nothing written.
+        local span = claimed * window / unit
+        if claimed >= 1 and span >= n4 + n5 / unit - 1e-9 then
+          local allowed = 0
+          if n2 == 0 and n3 == 0 then allowed = 1 end
+          reply(allowed, now, 0, 0)
+          sink_n = sink_n + 1
+          sink[sink_n] = held
+          return allowed
+        end
+        local q = math.floor(span)
+        local r = math.ceil((span - q) * unit)
+        n4, n5 = n4 - q, n5 - r
+        if n5 < 0 then n4, n5 = n4 - 1, n5 + unit end
+      else
+        n2 = math.max(n2 - claimed, 0)
+      end
+    end
+  end
   local commit = charging and (commit_charges or op > 10)
   -- 5, 15, 25: the sliding window's 1, 11, 21 whose new keys are made in the hash layout.
   local prefer_hash = op == 5 or op == 15 or op == 25
@@ -222,6 +259,10 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   end
   s.dirty = s.dirty or was_dirty
   if not ok then error(result, 0) end
+  if held ~= nil then
+    sink_n = sink_n + 1
+    sink[sink_n] = held
+  end
   return result
 end
 

@@ -2,14 +2,19 @@
 -- transition as algorithm::share::report in Rust (the memory store is its model): expired
 -- holders dropped, the gateway's demand recorded, its grant set to its max-min fair share within
 -- what the other live holders leave, quantized to what Envoy enforces (rounded down).
--- KEYS: one hash per rule (field: gateway id, value: "demand:granted:expires_us").
+-- KEYS: one hash per rule, `{tag}:q` (field: gateway id, value:
+-- "demand:granted:expires_us:since_us:claim_rate:keep_until_us", algorithm::share::Holder; the
+-- check script reads the same table for the grants' claims, claims.lua).
 -- ARGV: per key capacity, gateway, demand, ttl_us, kind (0 a report; 1 RLS calls' demand,
--- recorded with no grant, as algorithm::share::record_demand; 2 the holder taken off, its stream
--- ended, as algorithm::share::release); then the most holders a rule keeps.
--- Reply: {now_us, per key {tokens per fill, fill seconds, what the live grants hold per second
--- (a string), when the longest ends (us), 1 when the gateway is short of its fair share (others
--- hold it: the replica marks the descriptor contested) else 0}}; {0, 0, ...} for no grant. The replica writes the
--- holds into the reservation index (quota_index.lua) for every replica's RLS path.
+-- recorded with no grant, as algorithm::share::record_demand; 2 the grant ended, its stream
+-- ended, as algorithm::share::release), charged (1: the gateway's admissions up to now are in
+-- the rule's counters, its claim starts again), the rule's longest window (us), what its
+-- windows have left (algorithm::share::Room: per window "operation:window:remaining:span",
+-- joined by ';'); then the most holders a rule keeps.
+-- Reply: {now_us, per key {tokens per fill, fill seconds, 1 when the gateway is short of its
+-- fair share (others hold it: the replica marks the descriptor contested) else 0}}; {0, 0, ...}
+-- for no grant.
+-- Appended to claims.lua (`holder`).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local max_holders = tonumber(ARGV[#ARGV])
@@ -68,32 +73,58 @@ local function fair_share(capacity, demands, me)
   return mine
 end
 
+-- algorithm::share::most: the most `mine` (its record, or nil) may be granted per second
+-- within `rooms`: each window's remaining plus its own claim there, over the part of the grant
+-- the window holds.
+local function most(mine, rooms)
+  local best = math.huge
+  for op, window, remaining, span in string.gmatch(rooms, '(%d+):(%d+):(%d+):(%d+)') do
+    op, window, remaining, span = tonumber(op), tonumber(window), tonumber(remaining),
+      tonumber(span)
+    local own = 0
+    if mine ~= nil and mine.claim_rate > 0 then
+      own = claimed_of({mine}, op, window, now)
+    end
+    best = math.min(best, (remaining + own) / (math.max(span, 1) / 1e6))
+  end
+  return best
+end
+
+local function record(demand, granted, expires, since, claim_rate, keep)
+  return string.format('%.17g:%.17g:%d:%d:%.17g:%d', demand, granted, expires, since, claim_rate,
+    keep)
+end
+
 local out = {}
 for k, key in ipairs(KEYS) do
-  local base = (k - 1) * 5
+  local base = (k - 1) * 8
   local capacity = math.max(tonumber(ARGV[base + 1]), 0)
   local gateway = ARGV[base + 2]
   local demand = math.max(tonumber(ARGV[base + 3]), 0)
   local ttl = tonumber(ARGV[base + 4])
   local kind = ARGV[base + 5]
-  local demand_only = kind == '1'
+  local charged = ARGV[base + 6] == '1'
+  local window = tonumber(ARGV[base + 7])
+  local rooms = ARGV[base + 8]
   local all = redis.call('HGETALL', key)
   local demands, granted = {}, {}
-  local me = nil
+  local me, mine = nil, nil
   -- The replicas' RLS demands (fields 'r…') weigh as one holder asking for their sum
-  -- (algorithm::share::Holder::rls).
-  local rls, rls_count = nil, 0
+  -- (algorithm::share::Holder::rls). Holders whose grant ended stay for their claims only.
+  local rls, kept = nil, 0
   for j = 1, #all, 2 do
-    local d, g, e = string.match(all[j + 1], '^([^:]+):([^:]+):([^:]+)$')
-    d, g, e = tonumber(d), tonumber(g), tonumber(e)
+    local h = holder(all[j + 1])
     if all[j] == gateway then
-      me = #demands + 1
+      me, mine = #demands + 1, h
       demands[me], granted[me] = demand, 0
-    elseif e ~= nil and e > now then
-      if string.sub(all[j], 1, 1) == 'r' then
-        rls, rls_count = (rls or 0) + math.max(d, 0), rls_count + 1
-      else
-        demands[#demands + 1], granted[#granted + 1] = d, g
+    elseif h ~= nil and h.keep > now then
+      kept = kept + 1
+      if h.expires > now then
+        if string.sub(all[j], 1, 1) == 'r' then
+          rls = (rls or 0) + math.max(h.demand, 0)
+        else
+          demands[#demands + 1], granted[#granted + 1] = h.demand, h.granted
+        end
       end
     else
       redis.call('HDEL', key, all[j])
@@ -101,11 +132,20 @@ for k, key in ipairs(KEYS) do
   end
   local per_fill, every, short = 0, 0, 0
   if kind == '2' then
-    if me ~= nil then redis.call('HDEL', key, gateway) end
-  elseif me == nil and #demands + rls_count >= max_holders then
+    -- algorithm::share::release: the grant ends now, its claim stays a window.
+    if mine ~= nil then
+      local w = math.max(mine.keep - mine.expires, 0)
+      local ends = math.min(mine.expires, now)
+      if mine.claim_rate > 0 and ends > mine.since and ends + w > now then
+        redis.call('HSET', key, gateway, record(0, 0, ends, mine.since, mine.claim_rate, ends + w))
+      else
+        redis.call('HDEL', key, gateway)
+      end
+    end
+  elseif me == nil and kept >= max_holders then
     per_fill, every = 0, 0
-  elseif demand_only then
-    redis.call('HSET', key, gateway, string.format('%.17g:0:%d', demand, now + ttl))
+  elseif kind == '1' then
+    redis.call('HSET', key, gateway, record(demand, 0, now + ttl, now, 0, now + ttl))
   else
     if me == nil then
       me = #demands + 1
@@ -121,32 +161,34 @@ for k, key in ipairs(KEYS) do
       end
     end
     local fair = fair_share(capacity, demands, me)
-    per_fill, every = quantize(math.min(fair, capacity - others))
+    per_fill, every = quantize(math.min(math.min(fair, capacity - others), most(mine, rooms)))
     -- Short: the others hold what its fair share needs (algorithm::share::is_short).
     if fair > capacity - others + eps then short = 1 end
     local rate = 0
     if every > 0 then
       rate = per_fill / every
     end
-    redis.call('HSET', key, gateway,
-      string.format('%.17g:%.17g:%d', demand, rate, now + ttl))
-  end
-  -- The hash lives as long as its longest grant; what the live grants hold is the reservation.
-  local longest, held = 0, 0
-  all = redis.call('HGETALL', key)
-  for j = 1, #all, 2 do
-    local g, e = string.match(all[j + 1], ':([^:]+):(%d+)$')
-    g, e = tonumber(g), tonumber(e)
-    if e ~= nil and e > now then
-      held = held + (g or 0)
-      if e > longest then
-        longest = e
-      end
+    -- Its claim starts again once its admissions are charged; else it keeps its start at the
+    -- highest rate granted since.
+    local since, claim_rate = now, rate
+    if mine ~= nil and not charged and mine.claim_rate > 0 then
+      since, claim_rate = mine.since, math.max(mine.claim_rate, rate)
     end
+    redis.call('HSET', key, gateway,
+      record(demand, rate, now + ttl, since, claim_rate, now + ttl + window))
+  end
+  -- The hash lives as long as its longest keep.
+  local longest = 0
+  all = redis.call('HVALS', key)
+  for j = 1, #all do
+    local h = holder(all[j])
+    if h ~= nil and h.keep > longest then longest = h.keep end
   end
   if longest > now then
     redis.call('PEXPIREAT', key, math.floor(longest / 1000) + 1)
+  else
+    redis.call('DEL', key)
   end
-  out[k] = {per_fill, every, string.format('%.17g', held), longest, short}
+  out[k] = {per_fill, every, short}
 end
 return {now, out}

@@ -59,6 +59,11 @@ impl ManualClock {
     pub fn advance_us(&self, delta_us: u64) {
         self.now_us.fetch_add(delta_us, Ordering::Relaxed);
     }
+
+    /// Sets the reading (a model test replays exact times).
+    pub fn set_us(&self, now_us: u64) {
+        self.now_us.store(now_us, Ordering::Relaxed);
+    }
 }
 
 impl Clock for ManualClock {

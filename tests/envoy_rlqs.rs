@@ -21,6 +21,9 @@ descriptors:
     value: slow
     rate_limit: {unit: minute, requests_per_unit: 90}
   - key: tenant
+    value: per-minute
+    rate_limit: {unit: minute, requests_per_unit: 120}
+  - key: tenant
     value: shared-*
     share_threshold: true
     rate_limit: {unit: second, requests_per_unit: 10}
@@ -594,4 +597,42 @@ async fn sigterm_moves_the_stream_to_another_replica_on_a_cluster() {
     let cluster = common::redis::RedisCluster::start();
     let seeds = cluster.seeds().join(",");
     sigterm_moves_the_stream(&["--store", "redis", "--redis-cluster", &seeds]).await;
+}
+
+/// Issue 29's one budget, on a minute: a gateway on RLQS offered 10/s for 30 s on a 120/minute
+/// rule, then RLS calls through a second replica at 10/s for 30 s. Within that minute the two
+/// together admit at most the rule's 120 and a bucketful of the gateway's (2 a second, a bucket
+/// of 2) per assignment change. Before: 182 (what the gateway admitted never reached the
+/// counters, so RLS found the minute unspent when the grant ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_and_rlqs_on_one_minute_rule_stay_within_it() {
+    let redis = common::redis::RedisServer::start();
+    let rules = rules_dir();
+    let url = redis.url();
+    let store = ["--store", "redis", "--redis-url", url.as_str()];
+    let local = ServeProcess::spawn(rules.path(), &[&["--rlqs"], &store[..]].concat(), &[], &[]);
+    let per_call = ServeProcess::spawn(rules.path(), &store, &[], &[]);
+    let mut a = Gateway::new("edge", &[local.grpc_port]);
+    a.http_filters = rlqs_filter();
+    let mut b = Gateway::new("edge", &[per_call.grpc_port]);
+    b.route_rate_limits =
+        "- actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]".into();
+    b.timeout = "1s".into();
+    let (_envoy_a, _envoy_b) = (a.start(), b.start());
+    let half = Duration::from_secs(30);
+    let first = offer(&a, "per-minute", 10, half).await;
+    let second = offer(&b, "per-minute", 10, half).await;
+    let got = |answers: &[(Duration, u16)]| answers.iter().filter(|(_, s)| *s == 200).count();
+    let (got_a, got_b) = (got(&first), got(&second));
+    eprintln!("one minute of a 120/minute rule: {got_a} through RLQS, then {got_b} through RLS");
+    assert!(
+        got_a + got_b <= 126,
+        "{got_a} + {got_b} > 120 and three buckets\n{}\n{}",
+        local.log(),
+        per_call.log()
+    );
+    assert!(
+        got_a >= 40,
+        "the RLQS gateway admitted {got_a} in 30 s of 2/s"
+    );
 }

@@ -7,10 +7,10 @@
 //! the Redis scripts run the same state transitions in Lua and hand the state back to `summarize`
 //! here, so the numbers Envoy sees come from this code whichever store counts.
 
+pub mod claims;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod key;
-pub mod reserve;
 pub mod share;
 pub mod sliding_window;
 pub mod token_bucket;

@@ -20,6 +20,30 @@ pub struct Holder {
     /// every replica records its own, and the fair shares count them together as one holder
     /// asking for their sum (RLS is one claimant however many replicas serve it).
     pub rls: bool,
+    /// From when its admissions are not yet in the rule's counters: its last report whose
+    /// admissions were charged there (`algorithm::claims`).
+    pub since_us: u64,
+    /// The highest rate granted since `since_us`: what its uncharged admissions are claimed at.
+    pub claim_rate: f64,
+    /// Kept until then (its grant's end plus the rule's longest window): an ended grant still
+    /// claims, in the windows it reaches, what it may have admitted and never reported.
+    pub keep_until_us: u64,
+}
+
+impl Holder {
+    /// Whether its grant is in force (only those count in the shares).
+    pub fn live(&self, now_us: u64) -> bool {
+        self.expires_us > now_us
+    }
+
+    /// Its claim on the rule's windows (`algorithm::claims`); none for RLS demand.
+    pub fn claim(&self) -> Option<super::claims::Claim> {
+        (!self.rls && self.claim_rate > 0.0).then_some(super::claims::Claim {
+            rate: self.claim_rate,
+            since_us: self.since_us,
+            ends_us: self.expires_us,
+        })
+    }
 }
 
 /// The most holders one rule keeps: a gateway past it is granted nothing until one leaves.
@@ -121,59 +145,111 @@ pub fn quantize(rate: f64) -> Option<Tokens> {
     best
 }
 
-/// One report of `gateway` on a rule of `capacity` per second, at `now_us`: expired holders are
-/// dropped, the gateway's demand recorded, and its grant set to its fair share within what the
-/// others' live grants leave. Returns the grant (`None`: nothing) and keeps `holders` for the next
-/// report.
-pub fn report(
-    holders: &mut Vec<Holder>,
-    capacity: f64,
-    gateway: u64,
-    demand: f64,
-    now_us: u64,
-    ttl_us: u64,
-) -> Option<Tokens> {
+/// One report of `gateway` on a rule of `capacity` per second, at `now_us`: holders past their
+/// keep are dropped, the gateway's demand recorded, and its grant set to its fair share within
+/// what the others' live grants leave. `charged`: what it admitted up to now is in the rule's
+/// counters (its claim starts again from now); otherwise its claim keeps its start, at the
+/// highest rate granted since. `window_us`: the rule's longest window (how long an ended grant
+/// still claims). Returns the grant (`None`: nothing) and keeps `holders` for the next report.
+pub fn report(holders: &mut Vec<Holder>, ask: &Report, now_us: u64) -> Option<Tokens> {
+    let gateway = ask.gateway;
     let mine = |h: &Holder| h.gateway == gateway && !h.rls;
-    holders.retain(|h| h.expires_us > now_us || mine(h));
+    holders.retain(|h| h.keep_until_us > now_us || mine(h));
     let me = match holders.iter().position(mine) {
         Some(i) => i,
         None if holders.len() >= MAX_HOLDERS => return None,
         None => {
             holders.push(Holder {
                 gateway,
-                demand,
+                demand: ask.demand,
                 granted: 0.0,
                 expires_us: 0,
                 rls: false,
+                since_us: now_us,
+                claim_rate: 0.0,
+                keep_until_us: 0,
             });
             holders.len() - 1
         }
     };
-    holders[me].demand = demand.max(0.0);
-    let (fair, room) = fair_and_room(holders, capacity, me);
-    let grant = quantize(fair.min(room));
-    holders[me].granted = grant.map_or(0.0, Tokens::per_second);
-    holders[me].expires_us = now_us.saturating_add(ttl_us);
+    holders[me].demand = ask.demand.max(0.0);
+    let (fair, room) = fair_and_room(holders, ask.capacity, me, now_us);
+    let grant = quantize(fair.min(room).min(most(&holders[me], &ask.rooms, now_us)));
+    let rate = grant.map_or(0.0, Tokens::per_second);
+    let h = &mut holders[me];
+    if ask.charged || h.claim_rate <= 0.0 {
+        h.since_us = now_us;
+        h.claim_rate = rate;
+    } else {
+        h.claim_rate = h.claim_rate.max(rate);
+    }
+    h.granted = rate;
+    h.expires_us = now_us.saturating_add(ask.ttl_us);
+    h.keep_until_us = h.expires_us.saturating_add(ask.window_us);
     grant
+}
+
+/// What one report asks of `report`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub capacity: f64,
+    pub gateway: u64,
+    pub demand: f64,
+    pub ttl_us: u64,
+    /// Its admissions up to now are charged into the rule's counters.
+    pub charged: bool,
+    /// The rule's longest window.
+    pub window_us: u64,
+    /// What the rule's windows have left, each read just before (none: no bound).
+    pub rooms: Vec<Room>,
+}
+
+/// What one window of the rule has left for a new grant, read by a check of no hits just
+/// before the report (after its admissions were charged): what it may still count, every
+/// claim counted (the reporting holder's own too: its new grant replaces it), and how much of
+/// the new grant's life the window holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Room {
+    pub limit: super::Limit,
+    pub remaining: u64,
+    pub span_us: u64,
+}
+
+/// The most `holder` may be granted per second within `rooms`: each window's remaining plus
+/// its own claim there, over the part of the grant the window holds.
+fn most(holder: &Holder, rooms: &[Room], now_us: u64) -> f64 {
+    rooms
+        .iter()
+        .map(|r| {
+            let own = holder
+                .claim()
+                .map_or(0, |c| super::claims::claimed(&[c], &r.limit, now_us));
+            r.remaining.saturating_add(own) as f64 / (r.span_us.max(1) as f64 / 1e6)
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 /// Whether `gateway`'s fair share on `holders` is more than the others' live grants leave it:
 /// they must shrink before it gets its part (quantization alone does not count).
-pub fn is_short(holders: &[Holder], capacity: f64, gateway: u64) -> bool {
+pub fn is_short(holders: &[Holder], capacity: f64, gateway: u64, now_us: u64) -> bool {
     let Some(me) = holders.iter().position(|h| h.gateway == gateway && !h.rls) else {
         return false;
     };
-    let (fair, room) = fair_and_room(holders, capacity, me);
+    let (fair, room) = fair_and_room(holders, capacity, me, now_us);
     fair > room + EPSILON
 }
 
 /// Holder `me`'s (a gateway's) max-min fair share of `capacity`, the replicas' RLS demands
-/// counted as one holder, and what the others' grants leave it.
-fn fair_and_room(holders: &[Holder], capacity: f64, me: usize) -> (f64, f64) {
+/// counted as one holder, and what the others' live grants leave it (holders whose grant ended
+/// by `now_us` are kept for their claims only).
+fn fair_and_room(holders: &[Holder], capacity: f64, me: usize, now_us: u64) -> (f64, f64) {
     let mut demands: Vec<f64> = Vec::with_capacity(holders.len());
     let mut mine = 0;
     let mut rls: Option<f64> = None;
     for (i, h) in holders.iter().enumerate() {
+        if i != me && !h.live(now_us) {
+            continue;
+        }
         if h.rls && i != me {
             *rls.get_or_insert(0.0) += h.demand.max(0.0);
         } else {
@@ -188,7 +264,7 @@ fn fair_and_room(holders: &[Holder], capacity: f64, me: usize) -> (f64, f64) {
     let others: f64 = holders
         .iter()
         .enumerate()
-        .filter(|(i, _)| *i != me)
+        .filter(|(i, h)| *i != me && h.live(now_us))
         .map(|(_, h)| h.granted)
         .sum();
     (fair, capacity - others)
@@ -205,13 +281,17 @@ pub fn record_demand(
     ttl_us: u64,
 ) {
     let mine = |h: &Holder| h.gateway == gateway && h.rls;
-    holders.retain(|h| h.expires_us > now_us || mine(h));
+    holders.retain(|h| h.keep_until_us > now_us || mine(h));
+    let expires_us = now_us.saturating_add(ttl_us);
     let holder = Holder {
         gateway,
         demand: demand.max(0.0),
         granted: 0.0,
-        expires_us: now_us.saturating_add(ttl_us),
+        expires_us,
         rls: true,
+        since_us: now_us,
+        claim_rate: 0.0,
+        keep_until_us: expires_us,
     };
     match holders.iter().position(mine) {
         Some(i) => holders[i] = holder,
@@ -220,202 +300,23 @@ pub fn record_demand(
     }
 }
 
-/// Takes `gateway`'s holder off (its stream ended): what it held is free at once for the
-/// others' next reports, instead of at its grant's end.
-pub fn release(holders: &mut Vec<Holder>, gateway: u64) {
-    holders.retain(|h| h.gateway != gateway || h.rls);
+/// Ends `gateway`'s grant at `now_us` (its stream ended): what it held is free at once for the
+/// others' next reports, instead of at its grant's end. Its claim stays, ended now, for as long
+/// as the rule's windows can hold what it admitted and never reported.
+pub fn release(holders: &mut Vec<Holder>, gateway: u64, now_us: u64) {
+    holders.retain_mut(|h| {
+        if h.gateway != gateway || h.rls {
+            return true;
+        }
+        let window = h.keep_until_us.saturating_sub(h.expires_us);
+        h.granted = 0.0;
+        h.demand = 0.0;
+        h.expires_us = h.expires_us.min(now_us);
+        h.keep_until_us = h.expires_us.saturating_add(window);
+        h.claim_rate > 0.0 && h.keep_until_us > now_us && h.expires_us > h.since_us
+    });
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    #[test]
-    fn shares_are_max_min_fair_and_idle_capacity_is_split() {
-        assert_eq!(
-            fair_shares(90.0, &[100.0, 100.0, 100.0]),
-            [30.0, 30.0, 30.0]
-        );
-        assert_eq!(fair_shares(90.0, &[10.0, 100.0, 100.0]), [10.0, 40.0, 40.0]);
-        // Nobody asks for it all: each gets its demand and an equal part of the rest.
-        assert_eq!(fair_shares(90.0, &[0.0, 30.0]), [30.0, 60.0]);
-        assert_eq!(fair_shares(0.0, &[5.0]), [0.0]);
-    }
-
-    #[test]
-    fn quantized_grants_round_down_to_what_envoy_can_enforce() {
-        // 10.9 a second: 109 every 10 s (10 a second would leave 0.9 unused).
-        assert_eq!(
-            quantize(10.9),
-            Some(Tokens {
-                per_fill: 109,
-                every_s: 10
-            })
-        );
-        assert_eq!(quantize(10.0).map(Tokens::burst), Some(10));
-        // 5 a minute: one every 12 s.
-        assert_eq!(
-            quantize(5.0 / 60.0),
-            Some(Tokens {
-                per_fill: 1,
-                every_s: 12
-            })
-        );
-        // 7 a minute: 7 every 60 s, exactly (one every 9 s would be 6.67 a minute).
-        assert_eq!(
-            quantize(7.0 / 60.0),
-            Some(Tokens {
-                per_fill: 7,
-                every_s: 60
-            })
-        );
-        // 13 an hour: one every 277 s (12.99 an hour), never one every 276 s.
-        assert_eq!(
-            quantize(13.0 / 3600.0),
-            Some(Tokens {
-                per_fill: 1,
-                every_s: 277
-            })
-        );
-        // 10/11 a second: 9 every 10 s; 1.5 a second: 15 every 10 s.
-        let t = |per_fill, every_s| Some(Tokens { per_fill, every_s });
-        assert_eq!(quantize(10.0 / 11.0), t(9, 10));
-        assert_eq!(quantize(1.5), t(15, 10));
-        // A rule of one a day still grants (it was DENY_ALL for ever below one an hour).
-        assert_eq!(quantize(1.0 / 86_400.0), t(1, 86_400));
-        assert_eq!(quantize(0.0), None);
-        assert_eq!(quantize(1.0 / 100_000.0), None);
-        assert_eq!(t(9, 10).unwrap().burst(), 2);
-        assert_eq!(t(25, 10).unwrap().burst(), 2);
-        assert_eq!(t(35, 10).unwrap().burst(), 3);
-        // One token a fill: one (a one-a-day share never lets two through).
-        assert_eq!(t(1, 86_400).unwrap().burst(), 1);
-        assert_eq!(t(1, 1).unwrap().burst(), 1);
-    }
-
-    #[test]
-    fn a_gateway_grows_only_into_what_the_others_give_up() {
-        let mut holders = Vec::new();
-        let ttl = 3_000_000;
-        // Gateway 1 alone, busy: the whole rate.
-        let g1 = report(&mut holders, 100.0, 1, 300.0, 0, ttl).unwrap();
-        assert_eq!(g1.per_second(), 100.0);
-        // Gateway 2 arrives: gateway 1 still holds everything, so 2 gets nothing yet, and
-        // is short (1 must shrink: the server pushes it a smaller grant).
-        assert!(!is_short(&holders, 100.0, 1));
-        assert_eq!(report(&mut holders, 100.0, 2, 300.0, 100_000, ttl), None);
-        assert!(is_short(&holders, 100.0, 2));
-        // Gateway 1 reports: its fair half; then 2 grows into the other half.
-        assert_eq!(
-            report(&mut holders, 100.0, 1, 300.0, 1_000_000, ttl)
-                .unwrap()
-                .per_second(),
-            50.0
-        );
-        assert_eq!(
-            report(&mut holders, 100.0, 2, 300.0, 1_100_000, ttl)
-                .unwrap()
-                .per_second(),
-            50.0
-        );
-        // Gateway 2 stops reporting: once its grant expires, 1 gets the whole rate back.
-        // (Below: demand that holds nothing still shapes the shares.)
-        assert_eq!(
-            report(&mut holders, 100.0, 1, 300.0, 2_000_000, ttl)
-                .unwrap()
-                .per_second(),
-            50.0
-        );
-        assert_eq!(
-            report(&mut holders, 100.0, 1, 300.0, 4_200_000, ttl)
-                .unwrap()
-                .per_second(),
-            100.0
-        );
-        assert_eq!(holders.len(), 1);
-    }
-
-    #[test]
-    fn demand_without_a_grant_shrinks_the_others_shares() {
-        let mut holders = Vec::new();
-        let ttl = 3_000_000;
-        assert_eq!(
-            report(&mut holders, 10.0, 1, 30.0, 0, ttl)
-                .unwrap()
-                .per_second(),
-            10.0
-        );
-        // RLS asks for 4 a second: the gateway's next grant leaves them.
-        record_demand(&mut holders, 99, 4.0, 100_000, ttl);
-        let g = report(&mut holders, 10.0, 1, 30.0, 1_000_000, ttl).unwrap();
-        assert_eq!(g.per_second(), 6.0);
-        let held: f64 = holders.iter().map(|h| h.granted).sum();
-        assert_eq!(held, 6.0);
-        // Once RLS stops asking (its demand expires), the gateway grows back.
-        let g = report(&mut holders, 10.0, 1, 30.0, 3_200_000, ttl).unwrap();
-        assert_eq!(g.per_second(), 10.0);
-    }
-
-    #[test]
-    fn the_replicas_rls_demands_weigh_as_one_holder() {
-        let ttl = 3_000_000;
-        // Three replicas see RLS calls at 3 a second each: RLS asks for 9 as one holder, so a
-        // gateway asking for 10 of 10 gets an equal half (as against two; three holders of 3
-        // would leave it 1).
-        let mut holders = Vec::new();
-        for replica in 1..=3 {
-            record_demand(&mut holders, replica, 3.0, 0, ttl);
-        }
-        let g = report(&mut holders, 10.0, 1, 10.0, 1, ttl).unwrap();
-        assert_eq!(g.per_second(), 5.0);
-        // One replica's RLS alone asking for little: the gateway gets the rest.
-        let mut holders = Vec::new();
-        record_demand(&mut holders, 1, 2.0, 0, ttl);
-        let g = report(&mut holders, 10.0, 1, 10.0, 1, ttl).unwrap();
-        assert_eq!(g.per_second(), 8.0);
-    }
-
-    proptest! {
-        /// Whatever the order of reports, demands and times, the live grants never add up to
-        /// more than the rate.
-        #[test]
-        fn live_grants_never_exceed_the_rate(
-            capacity in 0.0f64..1000.0,
-            steps in proptest::collection::vec((0u64..6, 0.0f64..2000.0, 0u64..2_000_000), 1..200),
-        ) {
-            let mut holders = Vec::new();
-            let mut now = 0u64;
-            for (gateway, demand, advance) in steps {
-                now += advance;
-                report(&mut holders, capacity, gateway, demand, now, 3_000_000);
-                let live: f64 = holders.iter().filter(|h| h.expires_us > now).map(|h| h.granted).sum();
-                prop_assert!(live <= capacity + 1e-9, "{live} > {capacity}: {holders:?}");
-            }
-        }
-
-        #[test]
-        fn a_quantized_rate_never_exceeds_the_rate_and_keeps_nine_tenths_of_it(
-            rate in 0.0001f64..100_000.0,
-        ) {
-            let t = quantize(rate).expect("above one a day");
-            prop_assert!(t.per_second() <= rate * (1.0 + 1e-9), "{t:?} for {rate}");
-            prop_assert!(t.per_second() >= 0.9 * rate || rate < 0.1, "{t:?} for {rate}");
-        }
-
-        #[test]
-        fn fair_shares_never_exceed_capacity_and_meet_small_demands(
-            capacity in 0.0f64..1000.0,
-            demands in proptest::collection::vec(0.0f64..500.0, 1..20),
-        ) {
-            let shares = fair_shares(capacity, &demands);
-            let total: f64 = shares.iter().sum();
-            prop_assert!(total <= capacity + 1e-6);
-            let equal = capacity / demands.len() as f64;
-            for (d, s) in demands.iter().zip(&shares) {
-                prop_assert!(*s + 1e-9 >= d.min(equal), "{d} got {s}");
-            }
-        }
-    }
-}
+#[path = "share_tests.rs"]
+mod tests;

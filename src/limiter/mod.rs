@@ -233,11 +233,37 @@ impl Limiter {
         checks: &[Check],
         mode: ChargeMode,
     ) -> Result<Vec<(Decision, bool)>, StoreError> {
+        self.check_store_within(checks, mode, self.deadline).await
+    }
+
+    /// `check` with its own deadline instead of RLS' (an RLQS report's charges and looks, under
+    /// `--rlqs-store-timeout`), and past the deny cache (its refusals are remembered for RLS
+    /// calls; a report's charges are post-paid and its looks spend nothing).
+    pub async fn check_within(
+        &self,
+        checks: &[Check],
+        mode: ChargeMode,
+        within: Duration,
+    ) -> Result<Vec<Decision>, StoreError> {
+        Ok(self
+            .check_store_within(checks, mode, within)
+            .await?
+            .into_iter()
+            .map(|(decision, _)| decision)
+            .collect())
+    }
+
+    async fn check_store_within(
+        &self,
+        checks: &[Check],
+        mode: ChargeMode,
+        within: Duration,
+    ) -> Result<Vec<(Decision, bool)>, StoreError> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
         let started = tokio::time::Instant::now();
-        let deadline = started + self.deadline;
+        let deadline = started + within;
         // The store keeps the deadline itself (per check on Cluster); this is the backstop.
         let answers = match tokio::time::timeout_at(
             deadline + DEADLINE_BACKSTOP,
@@ -254,7 +280,7 @@ impl Limiter {
                     checks.len()
                 )),
             ),
-            Err(_) => all_failed(checks.len(), StoreError::Timeout(self.deadline)),
+            Err(_) => all_failed(checks.len(), StoreError::Timeout(within)),
         };
         self.metrics
             .store_seconds

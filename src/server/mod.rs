@@ -6,11 +6,11 @@
 
 mod aged;
 mod config;
+mod demand;
 mod grpc;
 pub mod listen;
 mod readiness;
 pub mod reload;
-mod reserved;
 mod rules_source;
 mod running;
 pub mod scaling;
@@ -39,7 +39,7 @@ use crate::service::admin::Routes;
 use crate::service::quota::QuotaService;
 use crate::service::{Decider, RlsService, admin};
 use crate::settings::Settings;
-use crate::store::quota::{QuotaStore, RlsTally};
+use crate::store::quota::QuotaStore;
 use crate::telemetry::Metrics;
 
 /// The gRPC health service name envoyproxy/ratelimit registers; probes and Envoy health checks
@@ -134,15 +134,13 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         rules_source::start(settings, &metrics, &stopped, &mut tasks, &http_listeners).await?;
 
     let (limiter, quota) = store::limiter(settings, &clock, &metrics)?;
-    // Every replica keeps RLS and RLQS in step, serving RLQS or not: RLS calls anywhere count
-    // against what gateways hold, and tell the gateways' shares what RLS asks for. Not in the Go
-    // drop-in mode, unless it serves RLQS itself: the Go service has no RLQS.
-    let tally = Arc::new(RlsTally::default());
-    if settings.env_compat.is_none() || settings.rlqs.rlqs {
-        tasks.push(reserved::spawn(
-            reserved::Keeper {
+    // RLS checks count the gateways' claims in the store itself, and what they spend on held
+    // descriptors goes to the gateways' shares as RLS demand, every second (`store::limiter`
+    // says on which replicas).
+    if let Some(tally) = &quota.tally {
+        tasks.push(demand::spawn(
+            demand::Keeper {
                 quota: quota.store.clone(),
-                cache: quota.cache.clone(),
                 tally: tally.clone(),
                 metrics: metrics.clone(),
                 holder: rand::random::<u64>().max(1),
@@ -151,7 +149,6 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             stopped.clone(),
         ));
     }
-    let reserved_view = quota.reserved.clone();
     let limiter = Arc::new(limiter);
     let config = settings.service_config();
     // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the
@@ -202,8 +199,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     }
     let decider = Arc::new(
         Decider::new(rules.clone(), limiter.clone(), config, metrics.clone())
-            .with_scaling(scaling_handle.scaling.clone())
-            .with_reserved(reserved_view.clone(), tally),
+            .with_scaling(scaling_handle.scaling.clone()),
     );
 
     let grpc_listener = bind(settings.grpc_addr).await?;
@@ -221,9 +217,7 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             stopped.clone(),
         )
     });
-    let quota_registry = quota
-        .as_ref()
-        .map(|q| (QuotaService::registry(q), reserved_view.clone()));
+    let quota_registry = quota.as_ref().map(QuotaService::registry);
     let (health, grpc_task) = grpc::serve(
         settings,
         grpc_listener,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::settings::{Settings, StoreKind};
-use crate::store::quota::{MemoryQuota, QuotaStore, Reserved, ReservedCache, ReservedSum};
+use crate::store::quota::{MemoryClaims, MemoryQuota, QuotaStore, RlsTally};
 use crate::store::split::SplitStore;
 use crate::store::{MemoryStore, RedisStore, Store};
 use crate::telemetry::Metrics;
@@ -17,36 +17,40 @@ use crate::telemetry::Metrics;
 use super::StartError;
 use super::config::{per_second_settings, redis_config};
 
-/// Where RLQS grants live, and how the RLS path reads what they hold.
+/// Where RLQS grants live.
 pub(super) struct Quota {
     pub store: Arc<dyn QuotaStore>,
-    pub reserved: Arc<dyn Reserved>,
-    /// Set when the reservations are read back from a shared store (`reserved::spawn`).
-    pub cache: Option<Arc<ReservedCache>>,
     /// Under `--failure-mode local` on Redis: this replica's own grants while Redis is away
-    /// (RLS, counting locally then too, counts against them).
+    /// (RLS, counting locally then too, counts their claims).
     pub fallback: Option<Arc<MemoryQuota>>,
+    /// The RLS hits the stores tallied on held descriptors (`demand::spawn`); `None` in the Go
+    /// drop-in mode without RLQS.
+    pub tally: Option<Arc<RlsTally>>,
 }
 
 /// The limiter over the store the settings name, and where RLQS grants live: the same Redis
-/// (every replica shares them and reads back what they hold), or this replica's memory (read at
-/// once).
+/// (every replica shares them; its RLS checks count their claims in the script), or this
+/// replica's memory. Every store the limiter counts in counts the claims (but in the Go drop-in
+/// mode without RLQS).
 pub(super) fn limiter(
     settings: &Settings,
     clock: &Arc<dyn Clock>,
     metrics: &Arc<Metrics>,
 ) -> Result<(Limiter, Quota), StartError> {
-    let memory_quota = || {
-        let quota = Arc::new(MemoryQuota::new(clock.clone()));
-        Quota {
-            store: quota.clone(),
-            reserved: quota,
-            cache: None,
-            fallback: None,
-        }
-    };
-    let memory = || {
+    // Every replica's RLS checks count the gateways' claims, serving RLQS or not (a gateway on
+    // another replica may hold part of a rule): not in the Go drop-in mode, unless it serves
+    // RLQS itself (the Go service has no RLQS).
+    let tally = (settings.env_compat.is_none() || settings.rlqs.rlqs)
+        .then(|| Arc::new(RlsTally::default()));
+    // A memory store's RLS checks count the claims of `quota` (this replica's grants).
+    let memory = |quota: Option<&Arc<MemoryQuota>>| {
         let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
+        if let (Some(quota), Some(tally)) = (quota, &tally) {
+            store.count_claims(MemoryClaims {
+                quota: quota.clone(),
+                tally: tally.clone(),
+            });
+        }
         store.spawn_sweeper(Duration::from_secs(10));
         let held = Arc::downgrade(&store);
         metrics.watch_memory_fill(Box::new(move || {
@@ -68,9 +72,14 @@ pub(super) fn limiter(
                 failure_mode,
                 deny_cache: None,
             };
+            let quota = Arc::new(MemoryQuota::new(clock.clone()));
             (
-                Limiter::with_policy(memory(), config, None, metrics.clone()),
-                memory_quota(),
+                Limiter::with_policy(memory(Some(&quota)), config, None, metrics.clone()),
+                Quota {
+                    store: quota,
+                    fallback: None,
+                    tally: tally.clone(),
+                },
             )
         }
         StoreKind::Redis => {
@@ -80,18 +89,15 @@ pub(super) fn limiter(
                 .map_err(|e| StartError::Settings(e.to_string()))?
                 .with_sliding_layout(settings.redis_sliding_layout);
             spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
-            let cache = Arc::new(ReservedCache::default());
-            let fallback = (settings.failure_mode == FailureMode::Local)
-                .then(|| Arc::new(MemoryQuota::new(clock.clone())));
-            let mut reserved: Vec<Arc<dyn Reserved>> = vec![cache.clone()];
-            if let Some(own) = &fallback {
-                reserved.push(own.clone());
+            if let Some(tally) = &tally {
+                store.count_claims(tally.clone(), settings.rlqs.rlqs);
             }
+            let own_grants = (settings.failure_mode == FailureMode::Local)
+                .then(|| Arc::new(MemoryQuota::new(clock.clone())));
             let quota = Quota {
                 store: Arc::new(store.clone()),
-                reserved: Arc::new(ReservedSum(reserved)),
-                cache: Some(cache),
-                fallback,
+                fallback: own_grants.clone(),
+                tally: tally.clone(),
             };
             let store: Box<dyn Store> = match per_second_settings(settings) {
                 None => Box::new(store),
@@ -105,8 +111,8 @@ pub(super) fn limiter(
                     Box::new(SplitStore::new(Box::new(store), Box::new(fast)))
                 }
             };
-            let fallback =
-                (settings.failure_mode == FailureMode::Local).then(|| memory() as Box<dyn Store>);
+            let fallback = (settings.failure_mode == FailureMode::Local)
+                .then(|| memory(own_grants.as_ref()) as Box<dyn Store>);
             let config = LimiterConfig {
                 deadline: settings.store_timeout,
                 failure_mode: settings.failure_mode,

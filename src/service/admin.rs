@@ -26,7 +26,6 @@ use super::{Decider, json};
 use crate::limiter::Limiter;
 use crate::rules::Snapshot;
 use crate::rules::scaling::{Scope, check_factor};
-use crate::store::quota::Reserved;
 use crate::telemetry::Metrics;
 
 #[derive(Clone)]
@@ -55,7 +54,7 @@ pub struct AdminState {
     pub go_mapping: Option<Arc<crate::telemetry::statsd_mapping::StatsdMapping>>,
     /// What the quota service (RLQS) has assigned, when it runs, and what RLS sees held:
     /// `GET /rlqs`.
-    pub quota: Option<(Arc<super::quota::Registry>, Arc<dyn Reserved>)>,
+    pub quota: Option<Arc<super::quota::Registry>>,
 }
 
 /// Which endpoints one HTTP listener serves.
@@ -99,13 +98,13 @@ pub fn router(state: AdminState, routes: &Routes) -> Router {
     }
     if routes.rules {
         router = router.route("/rlconfig", get(rlconfig));
-        if let Some((quota, reserved)) = state.quota.clone() {
+        if let Some(quota) = state.quota.clone() {
             router = router.route(
                 "/rlqs",
                 get(move || async move {
                     (
                         [(http::header::CONTENT_TYPE, "application/json")],
-                        quota.json(reserved.as_ref()),
+                        quota.json(),
                     )
                 }),
             );

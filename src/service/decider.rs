@@ -12,13 +12,11 @@ use super::config::ServiceConfig;
 use super::plan::Planned;
 use super::plan::{apply_replaces, plan};
 use super::response;
-use crate::algorithm::reserve::reserve;
-use crate::algorithm::{Algorithm, ChargeMode, Check};
+use crate::algorithm::{ChargeMode, Check};
 use crate::limiter::Limiter;
 use crate::pb::{RateLimitRequest, RateLimitResponse, rate_limit_descriptor};
 use crate::rules::scaling::Scaling;
 use crate::rules::{Entry, Snapshot};
-use crate::store::quota::{Reserved, RlsTally};
 use crate::telemetry::Metrics;
 
 impl Entry for rate_limit_descriptor::Entry {
@@ -39,9 +37,6 @@ pub struct Decider {
     pub(super) metrics: Arc<Metrics>,
     /// Runtime scaling in force (the file's and the store's temporary factors).
     scaling: Arc<ArcSwap<Scaling>>,
-    /// What RLQS gateways hold of each descriptor's rate (RLS counts against the rest), and
-    /// the tally of RLS hits on those descriptors (their demand, for the gateways' shares).
-    reserved: Option<(Arc<dyn Reserved>, Arc<RlsTally>)>,
 }
 
 impl Decider {
@@ -61,51 +56,12 @@ impl Decider {
             config,
             metrics,
             scaling: Arc::new(ArcSwap::from_pointee(Scaling::default())),
-            reserved: None,
         }
     }
 
-    /// RLS checks count against their limit less what RLQS gateways hold (`reserved`), and
-    /// their hits on such descriptors go to `tally`.
-    pub fn with_reserved(mut self, reserved: Arc<dyn Reserved>, tally: Arc<RlsTally>) -> Self {
-        self.reserved = Some((reserved, tally));
-        self
-    }
-
-    /// What gateways hold of `p`'s descriptor (every check of it shares the descriptor), its
-    /// hits tallied as RLS demand when they hold any.
-    fn held(&self, p: &Planned) -> f64 {
-        let Some((reserved, tally)) = &self.reserved else {
-            return 0.0;
-        };
-        let mut checks = p.check.iter().chain(p.layers.iter().map(|l| &l.check));
-        let Some(first) = checks.next() else {
-            return 0.0;
-        };
-        let held = reserved.reserved(&first.key);
-        if held > 0.0 && !first.refund && first.hits > 0 {
-            // The lowest rate; a concurrency limit has none (RLQS leaves it out).
-            let binding = std::iter::once(first)
-                .chain(checks)
-                .filter(|c| c.limit.algorithm != Algorithm::Concurrency)
-                .map(|c| c.limit.per_second())
-                .reduce(f64::min);
-            if let Some(binding) = binding {
-                tally.note(&first.key, first.hits, binding);
-            }
-        }
-        held
-    }
-
-    /// `check` as the limiter counts it: its limit less what gateways hold on its descriptor.
-    /// Refunds give back what was spent, whatever is held now.
-    /// A concurrency limit's slots are not a rate gateways hold part of: left as they are.
-    fn for_limiter(check: &Check, held: f64) -> Check {
-        let mut check = check.clone();
-        if held > 0.0 && !check.refund && check.limit.algorithm != Algorithm::Concurrency {
-            check.limit = reserve(&check.limit, held);
-        }
-        check
+    /// The limiter its checks go to (RLQS charges what gateways admitted through it).
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
     }
 
     /// Limits scaled by what `scaling` holds (kept up to date by the server).
@@ -159,14 +115,13 @@ impl Decider {
         let whole_call = self.config.charge == ChargeMode::AllOrNothing;
         let mut groups: Vec<(Vec<Check>, ChargeMode)> = vec![(Vec::new(), self.config.charge)];
         for p in planned.iter() {
-            let held = self.held(p);
             if let Some(check) = &p.check {
-                groups[0].0.push(Self::for_limiter(check, held));
+                groups[0].0.push(check.clone());
             }
             if p.layers.is_empty() {
                 continue;
             }
-            let layers = p.layers.iter().map(|l| Self::for_limiter(&l.check, held));
+            let layers = p.layers.iter().map(|l| l.check.clone());
             if whole_call {
                 groups[0].0.extend(layers);
             } else {
@@ -218,31 +173,5 @@ impl Decider {
             p.bind_layers();
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::algorithm::Limit;
-
-    #[test]
-    fn what_gateways_hold_comes_off_rates_and_never_off_concurrency_slots() {
-        let check = |algorithm| Check {
-            key: "{d|team=t}:x".into(),
-            limit: Limit {
-                algorithm,
-                requests: 10,
-                window_us: 1_000_000,
-                burst: 10,
-            },
-            hits: 1,
-            refund: false,
-            post_paid: false,
-        };
-        let rate = Decider::for_limiter(&check(Algorithm::FixedWindow), 6.0);
-        assert_eq!(rate.limit.requests, 4);
-        let slots = Decider::for_limiter(&check(Algorithm::Concurrency), 6.0);
-        assert_eq!(slots.limit.requests, 10);
     }
 }

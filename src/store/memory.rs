@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::{Answers, FactorsFuture, PingFuture, SharedFactors, Store, StoreError, StoreFuture};
 use crate::algorithm::{self, ChargeMode, Check, Decision, State};
 use crate::clock::Clock;
+use crate::store::quota::MemoryClaims;
 
 const SHARDS: usize = 64;
 
@@ -48,6 +49,9 @@ pub struct MemoryStore {
     leases: AtomicUsize,
     /// Temporary scaling factors: field -> (factor, expiry in ms of this store's clock).
     factors: Mutex<HashMap<String, (f64, u64)>>,
+    /// The RLQS grants its RLS checks count (this replica's own): read just before the
+    /// counters, in this process (a grant made between the two counts from the next check).
+    claims: std::sync::OnceLock<MemoryClaims>,
 }
 
 impl MemoryStore {
@@ -65,7 +69,13 @@ impl MemoryStore {
             max_counters: max_counters.max(1),
             leases: AtomicUsize::new(0),
             factors: Mutex::new(HashMap::new()),
+            claims: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Its RLS checks count what gateways claim in `claims` from now on (set once).
+    pub fn count_claims(&self, claims: MemoryClaims) {
+        let _ = self.claims.set(claims);
     }
 
     fn shard_index(&self, key: &str) -> usize {
@@ -291,6 +301,8 @@ impl Store for Arc<MemoryStore> {
         mode: ChargeMode,
     ) -> StoreFuture<'a> {
         let now_us = self.clock.now_us();
+        let claimed = self.claims.get().and_then(|c| c.apply(checks, now_us));
+        let checks = claimed.as_deref().unwrap_or(checks);
         Box::pin(std::future::ready(self.check_all_at(checks, now_us, mode)))
     }
 

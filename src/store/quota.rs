@@ -1,10 +1,12 @@
 //! Where the RLQS grants live: for each rule shared by gateways that enforce locally, who holds
 //! which part of its rate until when (`algorithm::share` decides each report). The memory table
 //! here serves one replica and is the model a Redis script must match; every key and every
-//! holder expires. It must never keep a holder past its grant's end, nor grow without bound.
+//! holder expires. It must never count a holder's grant past its end, nor grow without bound.
 //!
-//! Grants are reservations: RLS checks on a descriptor that gateways hold part of count against
-//! what is left (`Reserved`, read on the RLS path; `algorithm::reserve`).
+//! One budget: a grant claims, in each window of the rule, what the gateway may admit there and
+//! has not reported (`algorithm::claims`); the store's RLS checks count those claims (memory:
+//! `MemoryQuota::claimed`; Redis: the check script reads the same table), and each report's
+//! admissions are charged into the rule's counters, where the claim then starts again.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,13 +14,29 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::StoreError;
+use crate::algorithm::claims::{self, Claim};
 use crate::algorithm::key::descriptor_tag;
 use crate::algorithm::share::{self, Holder, Tokens};
+use crate::algorithm::{Check, Limit};
 use crate::clock::Clock;
+
+impl Ask {
+    /// The report `algorithm::share::report` decides.
+    pub fn report(&self) -> share::Report {
+        share::Report {
+            capacity: self.capacity,
+            gateway: self.gateway,
+            demand: self.demand,
+            ttl_us: self.ttl_us,
+            charged: self.charged,
+            window_us: self.window_us,
+            rooms: self.rooms.clone(),
+        }
+    }
+}
 
 /// One gateway's report on one rule.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +53,13 @@ pub struct Ask {
     pub ttl_us: u64,
     /// What the ask is for.
     pub kind: AskKind,
+    /// A report whose admissions up to now are charged into the rule's counters: the
+    /// gateway's claim starts again from now (else it keeps its start: `share::report`).
+    pub charged: bool,
+    /// The rule's longest window: how long an ended grant still claims.
+    pub window_us: u64,
+    /// What the rule's windows have left (`share::Room`; none: no bound).
+    pub rooms: Vec<share::Room>,
 }
 
 /// What an ask does to the gateway's holder on its descriptor.
@@ -65,12 +90,6 @@ pub type Grants = Vec<Result<Option<Tokens>, StoreError>>;
 
 pub type GrantFuture<'a> = Pin<Box<dyn Future<Output = Grants> + Send + 'a>>;
 
-/// Per descriptor tag, the requests per second its live grants hold.
-pub type Reservations = HashMap<String, f64>;
-
-pub type ReservationsFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Reservations, StoreError>> + Send + 'a>>;
-
 pub type ContestedFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<String>, StoreError>> + Send + 'a>>;
 
@@ -94,39 +113,60 @@ pub trait QuotaStore: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
 
-    /// Every descriptor some gateway holds part of, with what its live grants hold: what the
-    /// replicas' RLS paths read back (a store shared by replicas keeps them in one index).
-    fn reservations(&self, _deadline: Instant) -> ReservationsFuture<'_> {
-        Box::pin(std::future::ready(Ok(Reservations::new())))
-    }
-}
-
-/// What the RLS path reads: the requests per second gateways hold on a counter's descriptor.
-pub trait Reserved: Send + Sync + 'static {
-    /// 0 when no gateway holds any part of it.
-    fn reserved(&self, counter_key: &str) -> f64;
-
-    /// Every descriptor held, as RLS sees it now (for `GET /rlqs`).
-    fn listed(&self) -> Reservations;
-}
-
-/// What several sources of grants hold together (a shared store's index and, under
-/// `--failure-mode local`, the replica's own grants made while the store was away).
-pub struct ReservedSum(pub Vec<Arc<dyn Reserved>>);
-
-impl Reserved for ReservedSum {
-    fn reserved(&self, counter_key: &str) -> f64 {
-        self.0.iter().map(|r| r.reserved(counter_key)).sum()
+    /// Says, for `IN_USE_FOR`, that a replica serves RLQS on this store (a store shared by
+    /// replicas: the others' RLS checks start counting the grants' claims, `in_use`).
+    fn announce(&self, _deadline: Instant) -> DoneFuture<'_> {
+        Box::pin(std::future::ready(Ok(())))
     }
 
-    fn listed(&self) -> Reservations {
-        let mut all = Reservations::new();
-        for part in &self.0 {
-            for (tag, held) in part.listed() {
-                *all.entry(tag).or_default() += held;
+    /// Whether a replica serving RLQS on this store announced itself within `IN_USE_FOR`.
+    fn in_use(&self, _deadline: Instant) -> InUseFuture<'_> {
+        Box::pin(std::future::ready(Ok(false)))
+    }
+
+    /// Has this replica's RLS checks on this store count the claims, or stop (a store whose
+    /// checks always count them, as this replica's memory, ignores it).
+    fn set_claims_counted(&self, _on: bool) {}
+}
+
+pub type DoneFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
+
+pub type InUseFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+
+/// How long one announcement that a replica serves RLQS stands (each such replica renews it
+/// every `IN_USE_FOR / 3`).
+pub const IN_USE_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Where a store on this replica's memory finds the gateways' claims (`MemoryQuota::claimed`)
+/// for its RLS checks, and tallies their hits on the descriptors gateways hold.
+#[derive(Clone)]
+pub struct MemoryClaims {
+    pub quota: Arc<MemoryQuota>,
+    pub tally: Arc<RlsTally>,
+}
+
+impl MemoryClaims {
+    /// `checks` with each charge's limit less what gateways claim of its window at `now_us`;
+    /// `None` when none is held (the checks stand as they are). Refunds, post-paid charges
+    /// (recorded whatever the limit) and slots (not a rate) are left as they are.
+    pub fn apply(&self, checks: &[Check], now_us: u64) -> Option<Vec<Check>> {
+        let mut changed: Option<Vec<Check>> = None;
+        for (i, check) in checks.iter().enumerate() {
+            if check.refund
+                || check.post_paid
+                || check.limit.algorithm == crate::algorithm::Algorithm::Concurrency
+            {
+                continue;
             }
+            let Some(claimed) = self.quota.claimed(&check.key, &check.limit, now_us) else {
+                continue;
+            };
+            self.tally
+                .note(&check.key, check.hits, check.limit.per_second());
+            let all = changed.get_or_insert_with(|| checks.to_vec());
+            all[i].limit = claims::less(&check.limit, claimed);
         }
-        all
+        changed
     }
 }
 
@@ -140,50 +180,36 @@ pub struct RlsTally {
 }
 
 impl RlsTally {
+    /// An RLS charge of `hits` on `counter_key`, a layer of `capacity` requests a second.
     pub fn note(&self, counter_key: &str, hits: u64, capacity: f64) {
-        let tag = descriptor_tag(counter_key);
+        if hits == 0 {
+            return;
+        }
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = map.get_mut(tag) {
+        if let Some(entry) = map.get_mut(counter_key) {
             entry.0 = entry.0.saturating_add(hits);
             entry.1 = capacity;
         } else if map.len() < MAX_QUOTA_KEYS {
-            map.insert(tag.to_owned(), (hits, capacity));
+            map.insert(counter_key.to_owned(), (hits, capacity));
         }
     }
 
-    /// Everything tallied since the last take: (tag, hits, rate).
+    /// Everything tallied since the last take, per descriptor: (tag, hits, rate). Each layer of
+    /// a descriptor counts the same hits: a descriptor's are its busiest layer's, at its
+    /// lowest rate.
     pub fn take(&self) -> Vec<(String, u64, f64)> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.drain()
+        let mut tags: HashMap<String, (u64, f64)> = HashMap::new();
+        for (key, (hits, rate)) in map.drain() {
+            let entry = tags
+                .entry(descriptor_tag(&key).to_owned())
+                .or_insert((0, f64::INFINITY));
+            entry.0 = entry.0.max(hits);
+            entry.1 = entry.1.min(rate);
+        }
+        tags.into_iter()
             .map(|(tag, (hits, rate))| (tag, hits, rate))
             .collect()
-    }
-}
-
-/// The reservations of a store shared by replicas, as last read back (`QuotaStore::reservations`,
-/// every second): a grant made on another replica is seen here within that read's period.
-#[derive(Default)]
-pub struct ReservedCache {
-    map: ArcSwap<Reservations>,
-}
-
-impl ReservedCache {
-    pub fn replace(&self, reservations: Reservations) {
-        self.map.store(Arc::new(reservations));
-    }
-}
-
-impl Reserved for ReservedCache {
-    fn reserved(&self, counter_key: &str) -> f64 {
-        let map = self.map.load();
-        if map.is_empty() {
-            return 0.0;
-        }
-        map.get(descriptor_tag(counter_key)).copied().unwrap_or(0.0)
-    }
-
-    fn listed(&self) -> Reservations {
-        Reservations::clone(&self.map.load())
     }
 }
 
@@ -197,7 +223,7 @@ pub struct MemoryQuota {
     table: Mutex<HashMap<String, Vec<Holder>>>,
     /// Descriptor → until when it is contested (µs, the store's clock).
     contested: Mutex<HashMap<String, u64>>,
-    /// The table's size, read without the lock: the RLS path skips the lock while it is 0.
+    /// The table's size, read without the lock: RLS checks skip the lock while it is 0.
     keys: AtomicUsize,
     max_keys: usize,
 }
@@ -217,15 +243,25 @@ impl MemoryQuota {
         }
     }
 
-    /// The holders of `key` whose grants are live now (for the tests: `/rlqs` lists what a
-    /// replica assigned, which works on every store).
-    #[cfg(test)]
-    fn holders(&self, key: &str) -> Vec<Holder> {
+    /// The holders `key`'s table keeps now (live grants, ended ones still claiming, RLS
+    /// demand): what a model test compares a store's table with.
+    pub fn holders(&self, key: &str) -> Vec<Holder> {
         let now = self.clock.now_us();
         let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         table.get(key).map_or_else(Vec::new, |h| {
-            h.iter().filter(|h| h.expires_us > now).copied().collect()
+            h.iter()
+                .filter(|h| h.keep_until_us > now)
+                .copied()
+                .collect()
         })
+    }
+
+    /// Sets `key`'s table to `holders` as given: a model test drives exact holders and clock
+    /// readings through it (the Redis script reads the same records written by hand).
+    pub fn put(&self, key: &str, holders: Vec<Holder>) {
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        table.insert(key.to_owned(), holders);
+        self.keys.store(table.len(), Ordering::Relaxed);
     }
 
     fn grant_one(
@@ -236,7 +272,7 @@ impl MemoryQuota {
     ) -> Result<Option<Tokens>, StoreError> {
         if ask.kind == AskKind::Release {
             if let Some(holders) = table.get_mut(&ask.key) {
-                share::release(holders, ask.gateway);
+                share::release(holders, ask.gateway, now);
                 if holders.is_empty() {
                     table.remove(&ask.key);
                 }
@@ -244,7 +280,7 @@ impl MemoryQuota {
             return Ok(None);
         }
         if !table.contains_key(&ask.key) && table.len() >= self.max_keys {
-            table.retain(|_, holders| holders.iter().any(|h| h.expires_us > now));
+            table.retain(|_, holders| holders.iter().any(|h| h.keep_until_us > now));
             if table.len() >= self.max_keys {
                 return Err(StoreError::Unavailable(format!(
                     "the quota table holds {} rules already",
@@ -257,15 +293,8 @@ impl MemoryQuota {
             share::record_demand(holders, ask.gateway, ask.demand, now, ask.ttl_us);
             return Ok(None);
         }
-        let grant = share::report(
-            holders,
-            ask.capacity,
-            ask.gateway,
-            ask.demand,
-            now,
-            ask.ttl_us,
-        );
-        if share::is_short(holders, ask.capacity, ask.gateway) {
+        let grant = share::report(holders, &ask.report(), now);
+        if share::is_short(holders, ask.capacity, ask.gateway, now) {
             let mut contested = self.contested.lock().unwrap_or_else(|p| p.into_inner());
             contested.retain(|_, until| *until > now);
             if contested.len() < MAX_CONTESTED || contested.contains_key(&ask.key) {
@@ -292,10 +321,6 @@ impl QuotaStore for MemoryQuota {
         "memory"
     }
 
-    fn reservations(&self, _deadline: Instant) -> ReservationsFuture<'_> {
-        Box::pin(std::future::ready(Ok(self.listed())))
-    }
-
     fn contested(&self, _deadline: Instant) -> ContestedFuture<'_> {
         let now = self.clock.now_us();
         let mut contested = self.contested.lock().unwrap_or_else(|p| p.into_inner());
@@ -304,102 +329,24 @@ impl QuotaStore for MemoryQuota {
     }
 }
 
-/// What the live grants among `holders` hold, per second.
-fn live_total(holders: &[Holder], now: u64) -> f64 {
-    holders
-        .iter()
-        .filter(|h| h.expires_us > now)
-        .map(|h| h.granted)
-        .sum()
-}
-
-/// One replica's own table, read at once: exact.
-impl Reserved for MemoryQuota {
-    fn reserved(&self, counter_key: &str) -> f64 {
+impl MemoryQuota {
+    /// What gateways claim of `limit`'s window on `counter_key`'s descriptor at `now_us`, in
+    /// whole requests (`algorithm::claims`); `None` when no gateway holds any of it.
+    pub fn claimed(&self, counter_key: &str, limit: &Limit, now_us: u64) -> Option<u64> {
         if self.keys.load(Ordering::Relaxed) == 0 {
-            return 0.0;
+            return None;
         }
-        let now = self.clock.now_us();
         let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        table
-            .get(descriptor_tag(counter_key))
-            .map_or(0.0, |holders| live_total(holders, now))
-    }
-
-    fn listed(&self) -> Reservations {
-        let now = self.clock.now_us();
-        let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        table
+        let holders = table.get(descriptor_tag(counter_key))?;
+        let held: Vec<Claim> = holders
             .iter()
-            .map(|(tag, holders)| (tag.clone(), live_total(holders, now)))
-            .filter(|(_, rate)| *rate > 0.0)
-            .collect()
+            .filter(|h| h.keep_until_us > now_us)
+            .filter_map(Holder::claim)
+            .collect();
+        (!held.is_empty()).then(|| claims::claimed(&held, limit, now_us))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
-
-    fn ask(key: &str, gateway: u64, demand: f64) -> Ask {
-        Ask {
-            key: key.into(),
-            capacity: 10.0,
-            gateway,
-            demand,
-            ttl_us: 3_000_000,
-            kind: AskKind::Grant,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_full_table_refuses_new_rules_until_grants_expire() {
-        let clock = ManualClock::new(1_000_000);
-        let quota = MemoryQuota::with_max_keys(Arc::new(clock.clone()), 2);
-        let far = Instant::now() + std::time::Duration::from_secs(1);
-        let asks = [ask("a", 1, 5.0), ask("b", 1, 5.0), ask("c", 1, 5.0)];
-        let grants = quota.grant(&asks, far).await;
-        assert!(grants[0].as_ref().unwrap().is_some());
-        assert!(grants[1].as_ref().unwrap().is_some());
-        assert!(
-            matches!(grants[2], Err(StoreError::Unavailable(_))),
-            "{grants:?}"
-        );
-        // Once a and b have expired, c gets its place.
-        clock.advance_us(3_000_001);
-        let grants = quota.grant(&asks[2..], far).await;
-        assert_eq!(grants[0].as_ref().unwrap().unwrap().per_second(), 10.0);
-        assert!(quota.holders("a").is_empty());
-    }
-
-    #[tokio::test]
-    async fn what_live_grants_hold_is_reserved_for_every_layer_until_they_expire() {
-        let clock = ManualClock::new(1_000_000);
-        let quota = MemoryQuota::new(Arc::new(clock.clone()));
-        let far = Instant::now() + std::time::Duration::from_secs(1);
-        let second = "{edge|tenant=a}:fw:1000000us";
-        let minute = "{edge|tenant=a}:sw60:60000000us";
-        assert_eq!(quota.reserved(second), 0.0);
-        let grants = quota.grant(&[ask("{edge|tenant=a}", 1, 30.0)], far).await;
-        assert_eq!(grants[0].as_ref().unwrap().unwrap().per_second(), 10.0);
-        assert_eq!(
-            (quota.reserved(second), quota.reserved(minute)),
-            (10.0, 10.0)
-        );
-        assert_eq!(quota.reserved("{edge|tenant=b}:fw:1000000us"), 0.0);
-        // RLS demand asks, and holds nothing.
-        let rls = Ask {
-            kind: AskKind::Demand,
-            ..ask("{edge|tenant=a}", 7, 5.0)
-        };
-        assert_eq!(quota.grant(&[rls], far).await[0], Ok(None));
-        assert_eq!(quota.reserved(second), 10.0);
-        let read = quota.reservations(far).await.unwrap();
-        assert_eq!(read.get("{edge|tenant=a}"), Some(&10.0));
-        // The gateway gone: its grant reserves until it expires, then nothing.
-        clock.advance_us(3_000_001);
-        assert_eq!(quota.reserved(second), 0.0);
-        assert!(quota.reservations(far).await.unwrap().is_empty());
-    }
-}
+#[path = "quota_tests.rs"]
+mod tests;

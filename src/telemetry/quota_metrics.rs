@@ -40,10 +40,9 @@ pub struct QuotaMetrics {
     pub holds_refused: Counter,
     /// Writes or reads of the contested descriptors that failed (pushes wait for the reports).
     pub push_errors: Counter,
-    /// Descriptors RLS calls on this replica see partly held by gateways (read each second).
-    pub reserved_descriptors: Gauge,
-    /// Failed reads of the reservations or pushes of RLS demand (the last read stays in force).
-    pub reserved_errors: Counter,
+    /// Failed pushes of RLS demand to the quota store (the gateways' shares leave RLS its
+    /// part a push later), or announcements that this replica serves RLQS.
+    pub demand_errors: Counter,
 }
 
 impl QuotaMetrics {
@@ -149,16 +148,9 @@ impl QuotaMetrics {
         register(
             registry,
             names,
-            "rlqs_reserved_descriptors",
-            "Descriptors whose rate RLQS gateways partly hold, as this replica's RLS calls see them",
-            self.reserved_descriptors.clone(),
-        );
-        register(
-            registry,
-            names,
-            "rlqs_reserved_errors",
-            "Failed reads of the RLQS reservations or pushes of RLS demand to the store (the last read stays in force)",
-            self.reserved_errors.clone(),
+            "rlqs_demand_errors",
+            "Failed pushes of RLS demand to the quota store, or announcements that this replica serves RLQS",
+            self.demand_errors.clone(),
         );
     }
 }

@@ -30,6 +30,10 @@ struct Planned {
     id: BucketId,
     rule: Option<String>,
     ask: Option<Ask>,
+    /// What it admitted since the last report.
+    allowed: u64,
+    /// Its descriptor's rate limits (where its admissions are charged).
+    layers: Vec<crate::algorithm::Check>,
 }
 
 /// Demand below a second of reporting is read over a second: Envoy's first report of a new
@@ -67,7 +71,7 @@ impl Inner {
             .iter()
             .map(|p| p.ask.clone().map(|a| (a, &p.key)))
             .collect();
-        let holds = hold::holds(&asks, &state.buckets);
+        let mut holds = hold::holds(&asks, &state.buckets);
         let demands = asks_demand(&asks);
         // Bounded as the buckets are (a reload may move a bucket to another descriptor).
         state.ttl = ttl;
@@ -86,13 +90,40 @@ impl Inner {
             }
             state.asks.insert(h.ask.key.clone(), h.ask.clone());
         }
+        // What the gateway admitted goes into the rule's counters first: its claim starts
+        // again only for the holds whose admissions are in.
+        let now_us = super::charge::wall_us();
+        let allowed: Vec<u64> = planned.iter().map(|p| p.allowed).collect();
+        let layers: Vec<&[crate::algorithm::Check]> =
+            planned.iter().map(|p| p.layers.as_slice()).collect();
+        let ttl_us = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX);
+        let charged = self
+            .charge(&holds, &allowed, &layers, &state.granted, now_us, ttl_us)
+            .await;
+        for (h, c) in holds.iter_mut().zip(charged) {
+            h.ask.charged = c.charged;
+            h.ask.rooms = c.rooms;
+        }
         let grants = self.grant_unless_refused(&holds, &refused, gateway).await;
+        let ends_us = now_us.saturating_add(ttl_us);
 
         // Each reported bucket's part (or why there is none); quiet buckets' new parts.
         let mut parts: Vec<Option<Result<Option<Tokens>, StoreError>>> =
             (0..planned.len()).map(|_| None).collect();
         let mut quiet = Vec::new();
         for (h, grant) in holds.iter().zip(grants) {
+            if let Ok(tokens) = &grant {
+                let last = state.granted.get(&h.ask.key).copied();
+                let now = super::charge::after_grant(
+                    last,
+                    *tokens,
+                    h.members.len(),
+                    h.ask.charged,
+                    now_us,
+                    ends_us,
+                );
+                state.granted.insert(h.ask.key.clone(), now);
+            }
             let demands: Vec<f64> = h.members.iter().map(|m| m.1).collect();
             let split = grant.map(|g| hold::split(g, &demands));
             for (j, (member, _)) in h.members.iter().enumerate() {
@@ -224,6 +255,8 @@ impl Inner {
                 id,
                 rule: bucket.rule,
                 ask: bucket.ask,
+                allowed: usage.num_requests_allowed,
+                layers: bucket.layers,
             });
         }
         planned

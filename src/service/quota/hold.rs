@@ -126,6 +126,9 @@ mod tests {
             demand,
             ttl_us: 1,
             kind: AskKind::Grant,
+            charged: true,
+            window_us: 1_000_000,
+            rooms: Vec::new(),
         }
     }
 

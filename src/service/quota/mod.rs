@@ -9,6 +9,7 @@
 
 mod answer;
 mod bounds;
+mod charge;
 mod hold;
 mod identity;
 mod push;
@@ -216,6 +217,9 @@ struct StreamState {
     /// The descriptors the stream holds part of (its store keys, bounded), each with its last
     /// ask (what a push re-asks with).
     asks: std::collections::HashMap<String, Ask>,
+    /// Per descriptor held, what it was granted since its admissions were last charged (the
+    /// same keys as `asks`).
+    granted: std::collections::HashMap<String, charge::Granted>,
     /// How long its assignments last.
     ttl: Duration,
     /// Bytes of its buckets' ids.
@@ -234,6 +238,7 @@ impl StreamState {
             domain: None,
             buckets: Buckets::new(),
             asks: std::collections::HashMap::new(),
+            granted: std::collections::HashMap::new(),
             ttl: 2 * interval + Duration::from_secs(1),
             bucket_bytes: 0,
             last_report: None,
@@ -261,6 +266,9 @@ impl Inner {
                 demand: 0.0,
                 ttl_us: 0,
                 kind: AskKind::Release,
+                charged: false,
+                window_us: 0,
+                rooms: Vec::new(),
             })
             .collect();
         let deadline = Instant::now() + self.config.store_timeout;

@@ -166,8 +166,10 @@ impl super::Inner {
         if members.is_empty() {
             return None;
         }
+        // Nothing charged: the stream's claim keeps its start (`charge::after_grant`).
         let ask = Ask {
             demand: members.iter().map(|m| m.1).sum(),
+            charged: false,
             ..ask.clone()
         };
         let deadline = Instant::now() + self.config.store_timeout;
@@ -180,9 +182,16 @@ impl super::Inner {
                 return None;
             }
         };
+        let ttl = state.ttl;
+        let now_us = super::charge::wall_us();
+        let ends_us = now_us.saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(0));
+        let last = state.granted.get(key).copied();
+        state.granted.insert(
+            key.to_owned(),
+            super::charge::after_grant(last, grant, members.len(), false, now_us, ends_us),
+        );
         let demands: Vec<f64> = members.iter().map(|m| m.1).collect();
         let parts = hold::split(grant, &demands);
-        let ttl = state.ttl;
         let mut actions = Vec::new();
         let mut changes = Vec::new();
         for ((bucket, _), part) in members.into_iter().zip(parts) {

@@ -9,7 +9,6 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use super::report::BucketKey;
-use crate::store::quota::Reserved;
 use crate::telemetry::{Metrics, RuleLabels};
 
 /// The most buckets one `/rlqs` answer lists.
@@ -172,20 +171,8 @@ impl Registry {
         state.publish(metrics, touched);
     }
 
-    /// Every stream and its buckets as JSON, cut at `MAX_LISTED` buckets (`truncated`); and what
-    /// RLS on this replica counts as held by gateways (`reserved`: descriptor, requests per
-    /// second; at most `MAX_LISTED`, by descriptor).
-    pub fn json(&self, reserved: &dyn Reserved) -> String {
-        let mut held: Vec<(String, f64)> = reserved.listed().into_iter().collect();
-        held.sort_by(|a, b| a.0.cmp(&b.0));
-        let reserved_total = held.len();
-        held.truncate(MAX_LISTED);
-        let held: Vec<_> = held
-            .into_iter()
-            .map(|(descriptor, per_second)| {
-                serde_json::json!({"descriptor": descriptor, "per_second": per_second})
-            })
-            .collect();
+    /// Every stream and its buckets as JSON, cut at `MAX_LISTED` buckets (`truncated`).
+    pub fn json(&self) -> String {
         let state = self.lock();
         let streams = &state.streams;
         let mut gateways: Vec<&u64> = streams.keys().collect();
@@ -209,8 +196,6 @@ impl Registry {
             "streams": listed,
             "buckets": total,
             "truncated": total > MAX_LISTED,
-            "reserved": held,
-            "reserved_truncated": reserved_total > MAX_LISTED,
         })
         .to_string()
     }

@@ -87,12 +87,14 @@ pub(super) fn bucket_key(
     Ok(key)
 }
 
-/// What one bucket of a report comes to: the rule it met and the ask for its share (which RLS
-/// calls on the same descriptor see as a reservation: `store::quota::Reserved`).
+/// What one bucket of a report comes to: the rule it met, the ask for its share, and its
+/// descriptor's rate limits (the counters its admissions are charged into; RLS checks on them
+/// count its grant's claim meanwhile: `algorithm::claims`).
 #[derive(Default)]
 pub(super) struct BucketPlan {
     pub rule: Option<String>,
     pub ask: Option<Ask>,
+    pub layers: Vec<crate::algorithm::Check>,
 }
 
 /// The rule the bucket meets and, when an enforced limit applies, the ask for its share.
@@ -140,13 +142,15 @@ pub(super) fn plan(
     // The tightest limit binds: a layered rule's layer of the lowest rate. A concurrency limit
     // has no rate (slots over a lease are not requests per second) and no token bucket can say
     // "in flight": RLQS leaves it out (docs/envoy.md).
-    let checks = planned
+    let layers: Vec<crate::algorithm::Check> = planned
         .check
         .iter()
         .chain(planned.layers.iter().map(|l| &l.check))
-        .filter(|c| c.limit.algorithm != crate::algorithm::Algorithm::Concurrency);
+        .filter(|c| c.limit.algorithm != crate::algorithm::Algorithm::Concurrency)
+        .cloned()
+        .collect();
     let rate = |c: &crate::algorithm::Check| c.limit.per_second();
-    let Some(binding) = checks.min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
+    let Some(binding) = layers.iter().min_by(|a, b| rate(a).total_cmp(&rate(b))) else {
         return BucketPlan {
             rule: name,
             ..BucketPlan::default()
@@ -160,10 +164,16 @@ pub(super) fn plan(
         demand,
         ttl_us: u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX),
         kind: AskKind::Grant,
+        // Set per report by whether its admissions were charged (`answer.rs`).
+        charged: false,
+        window_us: layers.iter().map(|c| c.limit.window_us).max().unwrap_or(0),
+        // Read per report, after its charges (`charge.rs`).
+        rooms: Vec::new(),
     };
     BucketPlan {
         rule: name,
         ask: Some(ask),
+        layers,
     }
 }
 

@@ -50,6 +50,8 @@ pub struct Delivery {
     /// The script may refuse to run the call past its script call's deadline (false for late
     /// calls, and for a test's fixed clock, which Redis' clock says nothing about).
     pub carries_deadline: bool,
+    /// Its charges count the RLQS grants' claims (`claims.rs`).
+    pub claims: bool,
 }
 
 /// One call's part of a batch: its keys, and its arguments as the script reads them per call

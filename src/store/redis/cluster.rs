@@ -85,7 +85,7 @@ impl RedisStore {
         let Some(batcher) = &self.node_batcher else {
             return Err(StoreError::Protocol("no Cluster dispatcher".into()));
         };
-        let (keys, args) = self.encode(checks, clock, mode);
+        let (keys, args) = self.encode(checks, clock, mode, delivery.claims);
         batcher.call(slot, keys, args, deadline, delivery).await
     }
 

@@ -13,6 +13,7 @@
 //! happened: it is delivered late rather than dropped (`batch::Delivery`).
 
 pub mod batch;
+mod claims;
 mod clock;
 mod cluster;
 pub mod cluster_batch;
@@ -59,6 +60,10 @@ pub struct RedisStore {
     /// For the failures the quota path logs and counts itself (the contested feed).
     metrics: Arc<Metrics>,
     quota_log: Arc<crate::telemetry::LogThrottle>,
+    /// Set but in the Go drop-in mode without RLQS: its RLS charges count the grants' claims (read by the script from
+    /// the holder table in the counters' slot), and their hits on held descriptors are
+    /// tallied here as RLS demand.
+    claims: Arc<claims::ClaimsSwitch>,
 }
 
 impl RedisStore {
@@ -93,6 +98,7 @@ impl RedisStore {
             sliding_layout: script::SlidingLayout::default(),
             metrics,
             quota_log: Arc::default(),
+            claims: Arc::default(),
         })
     }
 
@@ -154,6 +160,7 @@ impl RedisStore {
         let delivery = batch::Delivery {
             late,
             carries_deadline: !late && clock == ScriptClock::RedisTime,
+            claims: self.counting_claims(),
         };
         let mode = if late { ChargeMode::EachAlone } else { mode };
         let mut replies = self
@@ -178,7 +185,7 @@ impl RedisStore {
                     }));
                 }
                 let reply = reply.ok_or_else(|| StoreError::Protocol("no reply".into()))?;
-                script::decision(check, &reply, mode != ChargeMode::Probe)
+                self.decide(check, reply, mode != ChargeMode::Probe, delivery.claims)
             })
             .collect()
     }
@@ -194,6 +201,8 @@ impl RedisStore {
         let delivery = batch::Delivery {
             late: false,
             carries_deadline: true,
+            // Refunds count no claims.
+            claims: false,
         };
         let mut replies = self
             .dispatch(
@@ -266,7 +275,7 @@ impl RedisStore {
         let Some(batcher) = &self.batcher else {
             return vec![Err(StoreError::Protocol("no dispatcher".into())); checks.len()];
         };
-        let (keys, args) = self.encode(checks, clock, script::mode_arg(mode));
+        let (keys, args) = self.encode(checks, clock, script::mode_arg(mode), delivery.claims);
         match batcher.call(keys, args, deadline, delivery).await {
             Ok(values) => values,
             Err(e) => vec![Err(e); checks.len()],
@@ -276,12 +285,21 @@ impl RedisStore {
     /// One call's keys and arguments as the script reads a call: clock, deadline (filled in by
     /// the dispatcher, on the clock of the node it goes to), mode, key count, then six numbers
     /// per key.
-    fn encode(&self, checks: &[&Check], clock: ScriptClock, mode: i64) -> (Vec<String>, Vec<i64>) {
+    fn encode(
+        &self,
+        checks: &[&Check],
+        clock: ScriptClock,
+        mode: i64,
+        claims: bool,
+    ) -> (Vec<String>, Vec<i64>) {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
         let mut args: Vec<i64> = Vec::with_capacity(4 + checks.len() * script::ARGS_PER_KEY);
         script::push_call(checks, clock, 0, mode, &mut args);
         if self.sliding_layout == script::SlidingLayout::Hash {
             script::prefer_hash_layout(&mut args);
+        }
+        if claims {
+            script::count_claims(&mut args, checks);
         }
         (keys, args)
     }

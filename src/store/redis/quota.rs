@@ -1,10 +1,10 @@
 //! RLQS grants in Redis, so that every replica on one Redis (standalone, Sentinel or Cluster)
 //! shares one rule's rate among all gateways: `lua/quota.lua` runs `algorithm::share::report`'s
 //! transition on Redis' clock, one script call for the asks of one report (one per slot on
-//! Cluster: a script's keys must share a slot). What the live grants hold on each descriptor then
-//! goes into one index (`lua/quota_index.lua`) that every replica reads back each second for its
-//! RLS path. Reports come every few seconds per gateway, so the scripts are sent whole (EVAL). It
-//! must never decide on the host clock, nor keep a key without a TTL.
+//! Cluster: a script's keys must share a slot). The holder table it writes (`{tag}:q`) is the
+//! one the check script reads for the grants' claims (`lua/claims.lua`), in the counters' slot:
+//! no index, no read back. Reports come every few seconds per gateway, so the scripts are sent
+//! whole (EVAL). It must never decide on the host clock, nor keep a key without a TTL.
 
 use std::collections::BTreeMap;
 
@@ -15,38 +15,28 @@ use super::cluster_batch::slot_of;
 use super::connection::Backend;
 use crate::algorithm::share::{MAX_HOLDERS, Tokens};
 use crate::store::quota::{
-    Ask, AskKind, CONTESTED_US, ContestedFuture, GrantFuture, Grants, MAX_CONTESTED,
-    MAX_QUOTA_KEYS, QuotaStore, Reservations, ReservationsFuture,
+    Ask, AskKind, CONTESTED_US, ContestedFuture, DoneFuture, GrantFuture, Grants, IN_USE_FOR,
+    InUseFuture, MAX_CONTESTED, QuotaStore,
 };
 use crate::store::{StoreError, in_call_order};
 
-const QUOTA: &str = include_str!("../../../lua/quota.lua");
+const QUOTA: &str = concat!(
+    include_str!("../../../lua/claims.lua"),
+    include_str!("../../../lua/quota.lua")
+);
 
 /// The most asks one script call carries.
 const MAX_ASKS_PER_CALL: usize = 200;
-const INDEX: &str = include_str!("../../../lua/quota_index.lua");
-const RESERVED: &str = include_str!("../../../lua/quota_reserved.lua");
 const CONTEST: &str = include_str!("../../../lua/quota_contest.lua");
 const CONTESTED: &str = include_str!("../../../lua/quota_contested.lua");
 
-/// Entries one page of the reservation index reads (HSCAN's COUNT): a few milliseconds of Redis.
-const RESERVED_PAGE: usize = 1_000;
-
-/// The most pages one read takes: the index's bound four times over (HSCAN's COUNT is a hint).
-const MAX_RESERVED_PAGES: usize = 4 * MAX_QUOTA_KEYS / RESERVED_PAGE;
-
-/// One descriptor's grants after a report: the reporting gateway's grant, what all live grants
-/// hold (per second), when the longest ends and the clock they were computed on (µs).
-/// One ask's reply from `lua/quota.lua`: tokens per fill, fill seconds, what the live grants
-/// hold, when the longest ends, short (1).
-type ScriptGrant = (u32, u32, String, i64, u8);
+/// One ask's reply from `lua/quota.lua`: tokens per fill, fill seconds, short (1).
+type ScriptGrant = (u32, u32, u8);
 
 struct Granted {
     tokens: Option<Tokens>,
     /// The gateway is short of its fair share: its descriptor goes into the contested feed.
     short: bool,
-    held: String,
-    ends_us: i64,
     now_us: i64,
 }
 
@@ -54,6 +44,11 @@ impl RedisStore {
     /// The grants of descriptor `tag`.
     fn quota_key(&self, tag: &str) -> String {
         format!("{}{tag}:q", self.prefix)
+    }
+
+    /// Whether a replica serves RLQS on this Redis: a flag with a TTL, its own hash tag.
+    fn in_use_key(&self) -> String {
+        format!("{}{{rlqs-in-use}}", self.prefix)
     }
 
     /// The contested feed: descriptors scored by until when (ms, Redis' clock) they are
@@ -81,11 +76,6 @@ impl RedisStore {
         self.query(cmd, deadline).await.map(|_| ())
     }
 
-    /// The reservation index: its own hash tag, apart from every counter (theirs hold a `|`).
-    fn reserved_key(&self) -> String {
-        format!("{}{{rlqs-reserved}}", self.prefix)
-    }
-
     /// One script call for `asks` (all in one slot on Cluster).
     async fn grant_group(
         &self,
@@ -109,7 +99,10 @@ impl RedisStore {
                 .arg(holder)
                 .arg(ask.demand.to_string())
                 .arg(ask.ttl_us)
-                .arg(ask.kind.code());
+                .arg(ask.kind.code())
+                .arg(u8::from(ask.charged))
+                .arg(ask.window_us)
+                .arg(rooms_arg(&ask.rooms));
         }
         cmd.arg(MAX_HOLDERS);
         let reply = self.query(cmd, deadline).await?;
@@ -124,40 +117,34 @@ impl RedisStore {
         }
         Ok(grants
             .into_iter()
-            .map(|(per_fill, every_s, held, ends_us, short)| Granted {
+            .map(|(per_fill, every_s, short)| Granted {
                 tokens: (per_fill > 0 && every_s > 0).then_some(Tokens { per_fill, every_s }),
                 short: short == 1,
-                held,
-                ends_us,
                 now_us,
             })
             .collect())
     }
+}
 
-    /// Writes what the descriptors' grants hold into the reservation index. A descriptor the
-    /// full index cannot take is an error for its ask: RLS elsewhere would not see its grant.
-    async fn index(
-        &self,
-        entries: &[(&str, &Granted)],
-        deadline: Instant,
-    ) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(INDEX)
-            .arg(1)
-            .arg(self.reserved_key())
-            .arg(MAX_QUOTA_KEYS);
-        for (tag, g) in entries {
-            cmd.arg(*tag).arg(&g.held).arg(g.ends_us).arg(g.now_us);
+/// An ask's rooms as `lua/quota.lua` reads them: per window "operation:window us:remaining:
+/// span us" (1 sliding, 3 fixed), joined by ';'.
+fn rooms_arg(rooms: &[crate::algorithm::share::Room]) -> String {
+    let mut out = String::new();
+    for r in rooms {
+        let op = match r.limit.algorithm {
+            crate::algorithm::Algorithm::SlidingWindow => 1,
+            crate::algorithm::Algorithm::FixedWindow => 3,
+            _ => continue,
+        };
+        if !out.is_empty() {
+            out.push(';');
         }
-        let full: i64 = redis::from_redis_value(self.query(cmd, deadline).await?)
-            .map_err(|e| StoreError::Protocol(format!("quota index: {e}")))?;
-        if full > 0 {
-            return Err(StoreError::Unavailable(format!(
-                "the reservation index holds {MAX_QUOTA_KEYS} descriptors already"
-            )));
-        }
-        Ok(())
+        out.push_str(&format!(
+            "{op}:{}:{}:{}",
+            r.limit.window_us, r.remaining, r.span_us
+        ));
     }
+    out
 }
 
 impl QuotaStore for RedisStore {
@@ -195,23 +182,6 @@ impl QuotaStore for RedisStore {
                         (members.to_vec(), answers)
                     });
             let granted = in_call_order(asks.len(), parts);
-            // A grant stands only once RLS on every replica can see it (within a read).
-            let entries: Vec<(&str, &Granted)> = asks
-                .iter()
-                .zip(&granted)
-                .filter_map(|(ask, g)| Some((ask.key.as_str(), g.as_ref().ok()?)))
-                .collect();
-            // Sent together, as the grants were: one after another, a report of 10,000 buckets
-            // waited 50 round trips.
-            let indexed = futures_util::future::join_all(
-                entries
-                    .chunks(MAX_ASKS_PER_CALL)
-                    .map(|part| self.index(part, deadline)),
-            )
-            .await
-            .into_iter()
-            .find(Result::is_err)
-            .unwrap_or(Ok(()));
             // Contested descriptors, for every replica's push round; a failure here costs only
             // the push (the shrinking gateways shrink at their next report instead).
             let short: Vec<(&str, i64)> = asks
@@ -234,17 +204,38 @@ impl QuotaStore for RedisStore {
             }
             granted
                 .into_iter()
-                .map(|g| match (g, &indexed) {
-                    (Ok(g), Ok(())) => Ok(g.tokens),
-                    (Ok(_), Err(error)) => Err(error.clone()),
-                    (Err(error), _) => Err(error),
-                })
+                .map(|g| g.map(|g| g.tokens))
                 .collect::<Grants>()
         })
     }
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn announce(&self, deadline: Instant) -> DoneFuture<'_> {
+        Box::pin(async move {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(self.in_use_key())
+                .arg(1)
+                .arg("PX")
+                .arg(IN_USE_FOR.as_millis() as u64);
+            self.query(cmd, deadline).await.map(|_| ())
+        })
+    }
+
+    fn in_use(&self, deadline: Instant) -> InUseFuture<'_> {
+        Box::pin(async move {
+            let mut cmd = redis::cmd("EXISTS");
+            cmd.arg(self.in_use_key());
+            let found: i64 = redis::from_redis_value(self.query(cmd, deadline).await?)
+                .map_err(|e| StoreError::Protocol(format!("RLQS in use: {e}")))?;
+            Ok(found > 0)
+        })
+    }
+
+    fn set_claims_counted(&self, on: bool) {
+        RedisStore::set_claims_counted(self, on);
     }
 
     fn contested(&self, deadline: Instant) -> ContestedFuture<'_> {
@@ -256,49 +247,6 @@ impl QuotaStore for RedisStore {
                 .arg(MAX_CONTESTED);
             redis::from_redis_value(self.query(cmd, deadline).await?)
                 .map_err(|e| StoreError::Protocol(format!("contested feed: {e}")))
-        })
-    }
-
-    fn reservations(&self, deadline: Instant) -> ReservationsFuture<'_> {
-        Box::pin(async move {
-            // Page by page (HSCAN): no script call holds Redis for the whole index. A page may
-            // return an entry twice (a rehash in between); the map keeps one.
-            let mut held = Reservations::new();
-            let mut cursor = "0".to_owned();
-            for _ in 0..MAX_RESERVED_PAGES {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(RESERVED)
-                    .arg(1)
-                    .arg(self.reserved_key())
-                    .arg(&cursor)
-                    .arg(RESERVED_PAGE);
-                let page: Vec<String> =
-                    redis::from_redis_value(self.query(cmd, deadline).await?)
-                        .map_err(|e| StoreError::Protocol(format!("reservation index: {e}")))?;
-                let Some((next, flat)) = page.split_first() else {
-                    return Err(StoreError::Protocol(
-                        "reservation index: an empty page".into(),
-                    ));
-                };
-                for pair in flat.chunks_exact(2) {
-                    if held.len() >= MAX_QUOTA_KEYS {
-                        break;
-                    }
-                    if let Ok(rate) = pair[1].parse::<f64>()
-                        && rate.is_finite()
-                        && rate > 0.0
-                    {
-                        held.insert(pair[0].clone(), rate);
-                    }
-                }
-                if next == "0" {
-                    return Ok(held);
-                }
-                cursor = next.clone();
-            }
-            Err(StoreError::Protocol(format!(
-                "reservation index: not read through in {MAX_RESERVED_PAGES} pages"
-            )))
         })
     }
 }

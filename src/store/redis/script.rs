@@ -26,6 +26,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/fixed_window.lua"),
     include_str!("../../../lua/concurrency.lua"),
+    include_str!("../../../lua/claims.lua"),
     include_str!("../../../lua/check.lua"),
 );
 
@@ -68,6 +69,42 @@ pub fn prefer_hash_layout(args: &mut [i64]) {
         }
     }
 }
+
+/// Whether `check`, on a store whose RLS checks count the RLQS grants' claims, is sent as a
+/// charge that counts them (`count_claims`; its reply then ends with one more number): charges
+/// of a window or a bucket. Refunds, post-paid charges (recorded whatever the limit) and slots
+/// are not.
+pub fn counts_claims(check: &Check) -> bool {
+    !check.refund
+        && !check.post_paid
+        && check.limit.requests > 0
+        && check.limit.window_us >= 1_000
+        && matches!(
+            check.limit.algorithm,
+            Algorithm::SlidingWindow | Algorithm::TokenBucket | Algorithm::FixedWindow
+        )
+}
+
+/// Marks one call's charges that count the grants' claims (`counts_claims`) in `args` (the call
+/// as `push_call` wrote it, after `prefer_hash_layout`): their operation plus 100, plus 1000
+/// times their window in milliseconds (the one number claims need that a check does not carry;
+/// below 2^47 for a day, exact in a Lua double).
+pub fn count_claims(args: &mut [i64], checks: &[&Check]) {
+    for (i, check) in checks.iter().enumerate() {
+        if !counts_claims(check) {
+            continue;
+        }
+        if let Some(op) = args.get_mut(4 + i * ARGS_PER_KEY)
+            && matches!(*op, 1 | 2 | 3 | 5)
+        {
+            let window_ms = i64::try_from(check.limit.window_us / 1_000).unwrap_or(0);
+            *op += CLAIMS_OP + 1_000 * window_ms;
+        }
+    }
+}
+
+/// Added to a charge's operation number when it counts the grants' claims (`count_claims`).
+pub const CLAIMS_OP: i64 = 100;
 
 /// The script's number for a call's charge mode (the third of a call's numbers).
 pub fn mode_arg(mode: ChargeMode) -> i64 {

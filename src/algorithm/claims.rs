@@ -1,0 +1,91 @@
+//! What an RLQS grant claims of a rule's window (issue 29's one budget, not yet wired): a
+//! gateway granted `rate` a second from `since_us` (its last report: what it admitted before is
+//! charged into the counter) until `ends_us` may admit that rate over that span, so an RLS check
+//! counts the part of the span that can fall in the windows its own hit will count in. Pure, and
+//! mirrored by the Lua the scripts will run (same operations, same order, so the doubles agree).
+//! It must never claim less than a gateway at its rate can admit inside the window.
+
+use super::{Algorithm, Limit};
+
+/// One holder's standing, as a check sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Claim {
+    /// Requests per second granted.
+    pub rate: f64,
+    /// From when its admissions are not yet in the counter (its last report).
+    pub since_us: u64,
+    /// When its grant ends (or ended: a stream that ended still claims what it may have
+    /// admitted and never reported).
+    pub ends_us: u64,
+}
+
+/// Below this, a claim computed twice is the same number of requests: 3 - 1e-12 must stay 3.
+const EPSILON: f64 = 1e-9;
+
+fn overlap(a: (u64, u64), b: (u64, u64)) -> u64 {
+    a.1.min(b.1).saturating_sub(a.0.max(b.0))
+}
+
+/// Requests `claim` may admit that a check of `limit` at `now_us` must count:
+/// - fixed window: its span inside the current window;
+/// - sliding window: its span inside `[now - W, now + W)`, at most a window's worth (every window
+///   that holds this check's hit lies there);
+/// - token bucket: its span up to now (the uncharged past: the refill pays for the rest).
+pub fn claim(c: &Claim, limit: &Limit, now_us: u64) -> f64 {
+    // NaN and zero alike: nothing.
+    if c.rate.is_nan() || c.rate <= 0.0 || c.ends_us <= c.since_us || limit.window_us == 0 {
+        return 0.0;
+    }
+    let span = (c.since_us, c.ends_us);
+    let w = limit.window_us;
+    let us = match limit.algorithm {
+        Algorithm::FixedWindow => {
+            let start = now_us - now_us % w;
+            overlap(span, (start, start.saturating_add(w)))
+        }
+        Algorithm::SlidingWindow => {
+            overlap(span, (now_us.saturating_sub(w), now_us.saturating_add(w))).min(w)
+        }
+        Algorithm::TokenBucket => overlap(span, (0, now_us)),
+        Algorithm::Concurrency => 0,
+    };
+    c.rate * us as f64 / 1e6
+}
+
+/// Every claim of `claims` at `now_us`, as whole requests (rounded up: a part of a request the
+/// gateway may admit is one the check must not).
+pub fn claimed(claims: &[Claim], limit: &Limit, now_us: u64) -> u64 {
+    let total: f64 = claims.iter().map(|c| claim(c, limit, now_us)).sum();
+    (total - EPSILON).ceil().max(0.0) as u64
+}
+
+/// `limit` less `claimed` requests: what an RLS check may still count on. Windows lose them
+/// from their count, a token bucket from its burst (its rate is the refill that pays the
+/// gateways as they draw); nothing left is a limit of zero requests (every charge refused).
+pub fn less(limit: &Limit, claimed: u64) -> Limit {
+    if claimed == 0 || limit.algorithm == Algorithm::Concurrency {
+        return *limit;
+    }
+    match limit.algorithm {
+        Algorithm::TokenBucket => {
+            let burst = limit.burst.saturating_sub(claimed);
+            Limit {
+                requests: if burst == 0 { 0 } else { limit.requests },
+                burst,
+                ..*limit
+            }
+        }
+        _ => {
+            let requests = limit.requests.saturating_sub(claimed);
+            Limit {
+                requests,
+                burst: limit.burst.min(requests),
+                ..*limit
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "claims_tests.rs"]
+mod tests;

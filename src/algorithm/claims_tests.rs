@@ -1,0 +1,450 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn limit(algorithm: Algorithm, requests: u64, window_s: u64) -> Limit {
+    Limit {
+        algorithm,
+        requests,
+        window_us: window_s * 1_000_000,
+        burst: requests,
+    }
+}
+
+const S: u64 = 1_000_000;
+
+#[test]
+fn a_claim_is_its_rate_over_its_span_in_the_windows_a_hit_counts_in() {
+    let c = Claim {
+        rate: 2.0,
+        since_us: 10 * S,
+        ends_us: 40 * S,
+    };
+    // Fixed minute [0, 60 s): the whole span, 30 s at 2/s.
+    assert_eq!(
+        claim(&c, &limit(Algorithm::FixedWindow, 120, 60), 20 * S),
+        60.0
+    );
+    // Fixed second [20, 21): one second of it.
+    assert_eq!(
+        claim(&c, &limit(Algorithm::FixedWindow, 10, 1), 20 * S),
+        2.0
+    );
+    // In a window the span does not reach: nothing.
+    assert_eq!(
+        claim(&c, &limit(Algorithm::FixedWindow, 10, 1), 50 * S),
+        0.0
+    );
+    // Sliding minute at 20 s: [-40, 80) holds the whole span.
+    assert_eq!(
+        claim(&c, &limit(Algorithm::SlidingWindow, 120, 60), 20 * S),
+        60.0
+    );
+    // Sliding 10 s at 20 s: [10, 30) holds 20 s, at most a window (10 s).
+    assert_eq!(
+        claim(&c, &limit(Algorithm::SlidingWindow, 20, 10), 20 * S),
+        20.0
+    );
+    // Token bucket at 20 s: the uncharged past, 10 s.
+    assert_eq!(
+        claim(&c, &limit(Algorithm::TokenBucket, 10, 1), 20 * S),
+        20.0
+    );
+    // A span that ended still claims its part; an empty one nothing.
+    let ended = Claim {
+        ends_us: 15 * S,
+        ..c
+    };
+    assert_eq!(
+        claim(&ended, &limit(Algorithm::FixedWindow, 120, 60), 50 * S),
+        10.0
+    );
+    let empty = Claim {
+        ends_us: 10 * S,
+        ..c
+    };
+    assert_eq!(
+        claim(&empty, &limit(Algorithm::FixedWindow, 120, 60), 20 * S),
+        0.0
+    );
+}
+
+#[test]
+fn claims_round_up_and_come_off_the_limit() {
+    let half = Claim {
+        rate: 0.5,
+        since_us: 0,
+        ends_us: 3 * S,
+    };
+    let minute = limit(Algorithm::FixedWindow, 120, 60);
+    assert_eq!(claimed(&[half], &minute, S), 2);
+    assert_eq!(claimed(&[half, half], &minute, S), 3);
+    assert_eq!(less(&minute, 3).requests, 117);
+    assert_eq!(less(&minute, 500).requests, 0);
+    let bucket = Limit {
+        burst: 20,
+        ..limit(Algorithm::TokenBucket, 10, 1)
+    };
+    assert_eq!(
+        (less(&bucket, 5).requests, less(&bucket, 5).burst),
+        (10, 15)
+    );
+    assert_eq!(less(&bucket, 20).requests, 0);
+}
+
+/// A gateway as Envoy runs one: a token bucket of `fill` tokens refilled at `rate`, new and full
+/// whenever its assignment changes.
+#[derive(Debug, Clone)]
+struct Gateway {
+    claim: Claim,
+    tokens: f64,
+    fill: f64,
+    at_us: u64,
+    /// Admitted since its last report.
+    unreported: u64,
+}
+
+impl Gateway {
+    fn refill(&mut self, now: u64) {
+        let dt = now
+            .saturating_sub(self.at_us)
+            .min(self.claim.ends_us.saturating_sub(self.at_us));
+        self.tokens = (self.tokens + self.claim.rate * dt as f64 / 1e6).min(self.fill);
+        self.at_us = now;
+    }
+}
+
+/// Gateway `gate`'s stream ends at `now` (a drain, a closed connection): its grant ends, its
+/// claim stays for what it may have admitted and never reported (`share::release`), and its
+/// next report is a new stream's first (nothing charged, a fresh bucket).
+fn end_stream(gate: &mut Gateway, ended: &mut Vec<Claim>, now: u64) {
+    ended.push(Claim {
+        ends_us: gate.claim.ends_us.min(now),
+        ..gate.claim
+    });
+    gate.claim = Claim {
+        rate: 0.0,
+        since_us: now,
+        ends_us: now,
+    };
+    gate.tokens = 0.0;
+    gate.fill = 0.0;
+    gate.unreported = 0;
+}
+
+/// What the gateways' buckets may hold at `at_us`: each one's fill in force then (`history`:
+/// per gateway, each assignment's time and fill).
+fn carried_at(history: &[Vec<(u64, u64)>], at_us: u64) -> u64 {
+    history
+        .iter()
+        .map(|h| {
+            h.iter()
+                .rev()
+                .find(|(t, _)| *t <= at_us)
+                .map_or(0, |(_, f)| *f)
+        })
+        .sum()
+}
+
+/// One rule shared by RLS and gateways under the one-budget design, on a fixed window: RLS
+/// checks count the gateways' claims; a report charges what the gateway admitted in the current
+/// window (at most its claim there) and grants its fair share within the window's room. Returns
+/// per window (admitted, allowance): the limit plus one fill per gateway per assignment it held
+/// in that window.
+fn run(window_s: u64, requests: u64, gateways: usize, steps: &[(u8, u8, u32)]) -> Vec<(u64, u64)> {
+    let l = limit(Algorithm::FixedWindow, requests, window_s);
+    let w = l.window_us;
+    let rate = l.per_second();
+    let ttl = 11 * S;
+    let mut gw: Vec<Gateway> = (0..gateways)
+        .map(|_| Gateway {
+            claim: Claim {
+                rate: 0.0,
+                since_us: 0,
+                ends_us: 0,
+            },
+            tokens: 0.0,
+            fill: 0.0,
+            at_us: 0,
+            unreported: 0,
+        })
+        .collect();
+    let mut count: std::collections::HashMap<u64, u64> = Default::default();
+    let mut admitted: std::collections::HashMap<u64, u64> = Default::default();
+    let mut allowance: std::collections::HashMap<u64, u64> = Default::default();
+    // Per gateway, each assignment's (time, fill): what its bucket may carry into a window.
+    let mut history: Vec<Vec<(u64, u64)>> = vec![Vec::new(); gateways];
+    // The claims of streams that ended: each keeps what its gateway may have admitted.
+    let mut ended: Vec<Claim> = Vec::new();
+    let mut now = w; // start on a boundary past zero
+    for &(what, who, advance_ms) in steps {
+        // Steps of up to 50 ms on a second's window, up to 2 s on longer ones.
+        now += u64::from(advance_ms) * (w / 40_000).min(1000);
+        let win = now / w;
+        let g = usize::from(who) % gateways;
+        let others = |gw: &[Gateway], me: Option<usize>| -> Vec<Claim> {
+            gw.iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != me)
+                .map(|(_, g)| g.claim)
+                .chain(ended.iter().copied())
+                .collect()
+        };
+        if what % 5 == 4 {
+            end_stream(&mut gw[g], &mut ended, now);
+            continue;
+        }
+        match what % 5 {
+            // A burst of RLS calls: each counts against the counter and every claim.
+            0 | 1 => {
+                for _ in 0..=who {
+                    let claims = others(&gw, None);
+                    let left = less(&l, claimed(&claims, &l, now));
+                    let c = count.entry(win).or_default();
+                    if *c < left.requests {
+                        *c += 1;
+                        *admitted.entry(win).or_default() += 1;
+                    }
+                }
+            }
+            // Gateway g's traffic: it admits all its bucket holds, while its assignment lasts.
+            2 => {
+                let gate = &mut gw[g];
+                gate.refill(now);
+                while now < gate.claim.ends_us && gate.tokens >= 1.0 {
+                    gate.tokens -= 1.0;
+                    gate.unreported += 1;
+                    *admitted.entry(win).or_default() += 1;
+                }
+            }
+            // A report of gateway g: charge, then grant within the room.
+            _ => {
+                let gate = &mut gw[g];
+                let since_in_window = Claim {
+                    ends_us: now.min(gate.claim.ends_us),
+                    ..gate.claim
+                };
+                let cap = claim(&since_in_window, &l, now);
+                let charge = gate
+                    .unreported
+                    .min((cap - EPSILON).ceil().max(0.0) as u64 + gate.fill.ceil() as u64);
+                *count.entry(win).or_default() += charge;
+                gate.unreported = 0;
+                let ends = now + ttl;
+                let window_end = (win + 1) * w;
+                let span_here = (ends.min(window_end) - now) as f64 / 1e6;
+                let other_claims = others(&gw, Some(g));
+                let taken = count[&win] + claimed(&other_claims, &l, now);
+                let room = requests.saturating_sub(taken) as f64;
+                let held: f64 = gw
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, o)| *i != g && o.claim.ends_us > now)
+                    .map(|(_, o)| o.claim.rate)
+                    .sum();
+                let fair = (rate / gateways as f64).min(rate - held).max(0.0);
+                let granted = fair.min(room / span_here);
+                let gate = &mut gw[g];
+                gate.refill(now);
+                let changed = granted != gate.claim.rate || now >= gate.claim.ends_us;
+                gate.claim = Claim {
+                    rate: granted,
+                    since_us: now,
+                    ends_us: ends,
+                };
+                if changed {
+                    gate.fill = (granted).max(if granted > 0.0 { 1.0 } else { 0.0 });
+                    gate.tokens = gate.fill;
+                    gate.at_us = now;
+                    *allowance.entry(win).or_default() += gate.fill.ceil() as u64;
+                    history[g].push((now, gate.fill.ceil() as u64));
+                }
+            }
+        }
+    }
+    let mut out: Vec<(u64, u64)> = admitted
+        .iter()
+        .map(|(win, n)| {
+            // Buckets carried in from the window before count once more each.
+            let carried = carried_at(&history, win * w);
+            (
+                *n,
+                requests + allowance.get(win).copied().unwrap_or(0) + carried,
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+proptest! {
+    /// Over every window of the rule, on second, minute and hour windows, with RLS bursts,
+    /// gateway traffic, reports and streams that end interleaved at random: RLS admissions and
+    /// gateway admissions together never pass the limit by more than one fill per gateway per
+    /// assignment it held there.
+    #[test]
+    fn rls_and_gateways_together_stay_within_the_window(
+        unit in 0usize..3,
+        requests in 1u64..400,
+        gateways in 1usize..4,
+        steps in proptest::collection::vec((0u8..8, 0u8..4, 0u32..2_000), 1..600),
+    ) {
+        let window_s = [1, 60, 3600][unit];
+        for (admitted, allowance) in run(window_s, requests, gateways, &steps) {
+            prop_assert!(admitted <= allowance, "{admitted} > {allowance}");
+        }
+    }
+}
+
+/// The same design on a sliding window, its counter an exact log of admissions: RLS admits when
+/// the last W's hits and every claim leave room; a report charges what the gateway admitted, at
+/// most its claim since its last report, and grants within the last W's room. Returns, for each
+/// admission, (admitted in the W ending there, the limit plus the fills of assignments made in
+/// it and one carried in per gateway).
+fn run_sliding(
+    window_s: u64,
+    requests: u64,
+    gateways: usize,
+    steps: &[(u8, u8, u32)],
+) -> Vec<(u64, u64)> {
+    let l = limit(Algorithm::SlidingWindow, requests, window_s);
+    let w = l.window_us;
+    let rate = l.per_second();
+    let ttl = 11 * S;
+    let mut gw: Vec<Gateway> = (0..gateways)
+        .map(|_| Gateway {
+            claim: Claim {
+                rate: 0.0,
+                since_us: 0,
+                ends_us: 0,
+            },
+            tokens: 0.0,
+            fill: 0.0,
+            at_us: 0,
+            unreported: 0,
+        })
+        .collect();
+    // The counter: (time, hits) charged; every admission's time; every assignment's (time, fill).
+    let mut counter: Vec<(u64, u64)> = Vec::new();
+    let mut admissions: Vec<u64> = Vec::new();
+    let mut fills: Vec<(u64, u64)> = Vec::new();
+    let mut history: Vec<Vec<(u64, u64)>> = vec![Vec::new(); gateways];
+    // The claims of streams that ended: each keeps what its gateway may have admitted.
+    let mut ended: Vec<Claim> = Vec::new();
+    let in_window = |log: &[(u64, u64)], now: u64| -> u64 {
+        log.iter()
+            .filter(|(t, _)| *t + w > now)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let mut now = w;
+    for &(what, who, advance_ms) in steps {
+        now += u64::from(advance_ms) * (w / 40_000).min(1000);
+        let g = usize::from(who) % gateways;
+        let claims_of = |gw: &[Gateway], me: Option<usize>| -> Vec<Claim> {
+            gw.iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != me)
+                .map(|(_, g)| g.claim)
+                .chain(ended.iter().copied())
+                .collect()
+        };
+        if what % 5 == 4 {
+            end_stream(&mut gw[g], &mut ended, now);
+            continue;
+        }
+        match what % 5 {
+            0 | 1 => {
+                for _ in 0..=who {
+                    let left = less(&l, claimed(&claims_of(&gw, None), &l, now));
+                    if in_window(&counter, now) < left.requests {
+                        counter.push((now, 1));
+                        admissions.push(now);
+                    }
+                }
+            }
+            2 => {
+                let gate = &mut gw[g];
+                gate.refill(now);
+                while now < gate.claim.ends_us && gate.tokens >= 1.0 {
+                    gate.tokens -= 1.0;
+                    gate.unreported += 1;
+                    admissions.push(now);
+                }
+            }
+            _ => {
+                let gate = &mut gw[g];
+                let past = Claim {
+                    ends_us: now.min(gate.claim.ends_us),
+                    ..gate.claim
+                };
+                let cap = claim(&past, &l, now);
+                let charge = gate
+                    .unreported
+                    .min((cap - EPSILON).ceil().max(0.0) as u64 + gate.fill.ceil() as u64);
+                if charge > 0 {
+                    counter.push((now, charge));
+                }
+                gate.unreported = 0;
+                let ends = now + ttl;
+                let span = ((ends - now).min(w)) as f64 / 1e6;
+                let taken = in_window(&counter, now) + claimed(&claims_of(&gw, Some(g)), &l, now);
+                let room = requests.saturating_sub(taken) as f64;
+                let held: f64 = gw
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, o)| *i != g && o.claim.ends_us > now)
+                    .map(|(_, o)| o.claim.rate)
+                    .sum();
+                let fair = (rate / gateways as f64).min(rate - held).max(0.0);
+                let granted = fair.min(room / span);
+                let gate = &mut gw[g];
+                gate.refill(now);
+                let changed = granted != gate.claim.rate || now >= gate.claim.ends_us;
+                gate.claim = Claim {
+                    rate: granted,
+                    since_us: now,
+                    ends_us: ends,
+                };
+                if changed {
+                    gate.fill = granted.max(if granted > 0.0 { 1.0 } else { 0.0 });
+                    gate.tokens = gate.fill;
+                    gate.at_us = now;
+                    fills.push((now, gate.fill.ceil() as u64));
+                    history[g].push((now, gate.fill.ceil() as u64));
+                }
+            }
+        }
+    }
+    admissions
+        .iter()
+        .map(|&t| {
+            let admitted = admissions.iter().filter(|&&a| a + w > t && a <= t).count() as u64;
+            let allowance: u64 = fills
+                .iter()
+                .filter(|(f, _)| *f + w > t && *f <= t)
+                .map(|(_, n)| n)
+                .sum();
+            (
+                admitted,
+                requests + allowance + carried_at(&history, t.saturating_sub(w)),
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    /// The same bound over every sliding window: second, minute and hour.
+    #[test]
+    fn rls_and_gateways_together_stay_within_every_sliding_window(
+        unit in 0usize..3,
+        requests in 1u64..200,
+        gateways in 1usize..4,
+        steps in proptest::collection::vec((0u8..8, 0u8..4, 0u32..2_000), 1..300),
+    ) {
+        let window_s = [1, 60, 3600][unit];
+        for (admitted, allowance) in run_sliding(window_s, requests, gateways, &steps) {
+            prop_assert!(admitted <= allowance, "{admitted} > {allowance}");
+        }
+    }
+}

@@ -1,0 +1,211 @@
+use proptest::prelude::*;
+
+use super::*;
+
+/// A report whose admissions are charged, on a rule of one-second windows.
+fn report(
+    holders: &mut Vec<Holder>,
+    capacity: f64,
+    gateway: u64,
+    demand: f64,
+    now_us: u64,
+    ttl_us: u64,
+) -> Option<Tokens> {
+    let ask = Report {
+        capacity,
+        gateway,
+        demand,
+        ttl_us,
+        charged: true,
+        window_us: 0,
+        rooms: Vec::new(),
+    };
+    super::report(holders, &ask, now_us)
+}
+
+#[test]
+fn shares_are_max_min_fair_and_idle_capacity_is_split() {
+    assert_eq!(
+        fair_shares(90.0, &[100.0, 100.0, 100.0]),
+        [30.0, 30.0, 30.0]
+    );
+    assert_eq!(fair_shares(90.0, &[10.0, 100.0, 100.0]), [10.0, 40.0, 40.0]);
+    // Nobody asks for it all: each gets its demand and an equal part of the rest.
+    assert_eq!(fair_shares(90.0, &[0.0, 30.0]), [30.0, 60.0]);
+    assert_eq!(fair_shares(0.0, &[5.0]), [0.0]);
+}
+
+#[test]
+fn quantized_grants_round_down_to_what_envoy_can_enforce() {
+    // 10.9 a second: 109 every 10 s (10 a second would leave 0.9 unused).
+    assert_eq!(
+        quantize(10.9),
+        Some(Tokens {
+            per_fill: 109,
+            every_s: 10
+        })
+    );
+    assert_eq!(quantize(10.0).map(Tokens::burst), Some(10));
+    // 5 a minute: one every 12 s.
+    assert_eq!(
+        quantize(5.0 / 60.0),
+        Some(Tokens {
+            per_fill: 1,
+            every_s: 12
+        })
+    );
+    // 7 a minute: 7 every 60 s, exactly (one every 9 s would be 6.67 a minute).
+    assert_eq!(
+        quantize(7.0 / 60.0),
+        Some(Tokens {
+            per_fill: 7,
+            every_s: 60
+        })
+    );
+    // 13 an hour: one every 277 s (12.99 an hour), never one every 276 s.
+    assert_eq!(
+        quantize(13.0 / 3600.0),
+        Some(Tokens {
+            per_fill: 1,
+            every_s: 277
+        })
+    );
+    // 10/11 a second: 9 every 10 s; 1.5 a second: 15 every 10 s.
+    let t = |per_fill, every_s| Some(Tokens { per_fill, every_s });
+    assert_eq!(quantize(10.0 / 11.0), t(9, 10));
+    assert_eq!(quantize(1.5), t(15, 10));
+    // A rule of one a day still grants (it was DENY_ALL for ever below one an hour).
+    assert_eq!(quantize(1.0 / 86_400.0), t(1, 86_400));
+    assert_eq!(quantize(0.0), None);
+    assert_eq!(quantize(1.0 / 100_000.0), None);
+    assert_eq!(t(9, 10).unwrap().burst(), 2);
+    assert_eq!(t(25, 10).unwrap().burst(), 2);
+    assert_eq!(t(35, 10).unwrap().burst(), 3);
+    // One token a fill: one (a one-a-day share never lets two through).
+    assert_eq!(t(1, 86_400).unwrap().burst(), 1);
+    assert_eq!(t(1, 1).unwrap().burst(), 1);
+}
+
+#[test]
+fn a_gateway_grows_only_into_what_the_others_give_up() {
+    let mut holders = Vec::new();
+    let ttl = 3_000_000;
+    // Gateway 1 alone, busy: the whole rate.
+    let g1 = report(&mut holders, 100.0, 1, 300.0, 0, ttl).unwrap();
+    assert_eq!(g1.per_second(), 100.0);
+    // Gateway 2 arrives: gateway 1 still holds everything, so 2 gets nothing yet, and
+    // is short (1 must shrink: the server pushes it a smaller grant).
+    assert!(!is_short(&holders, 100.0, 1, 0));
+    assert_eq!(report(&mut holders, 100.0, 2, 300.0, 100_000, ttl), None);
+    assert!(is_short(&holders, 100.0, 2, 100_000));
+    // Gateway 1 reports: its fair half; then 2 grows into the other half.
+    assert_eq!(
+        report(&mut holders, 100.0, 1, 300.0, 1_000_000, ttl)
+            .unwrap()
+            .per_second(),
+        50.0
+    );
+    assert_eq!(
+        report(&mut holders, 100.0, 2, 300.0, 1_100_000, ttl)
+            .unwrap()
+            .per_second(),
+        50.0
+    );
+    // Gateway 2 stops reporting: once its grant expires, 1 gets the whole rate back.
+    // (Below: demand that holds nothing still shapes the shares.)
+    assert_eq!(
+        report(&mut holders, 100.0, 1, 300.0, 2_000_000, ttl)
+            .unwrap()
+            .per_second(),
+        50.0
+    );
+    assert_eq!(
+        report(&mut holders, 100.0, 1, 300.0, 4_200_000, ttl)
+            .unwrap()
+            .per_second(),
+        100.0
+    );
+    assert_eq!(holders.len(), 1);
+}
+
+#[test]
+fn demand_without_a_grant_shrinks_the_others_shares() {
+    let mut holders = Vec::new();
+    let ttl = 3_000_000;
+    assert_eq!(
+        report(&mut holders, 10.0, 1, 30.0, 0, ttl)
+            .unwrap()
+            .per_second(),
+        10.0
+    );
+    // RLS asks for 4 a second: the gateway's next grant leaves them.
+    record_demand(&mut holders, 99, 4.0, 100_000, ttl);
+    let g = report(&mut holders, 10.0, 1, 30.0, 1_000_000, ttl).unwrap();
+    assert_eq!(g.per_second(), 6.0);
+    let held: f64 = holders.iter().map(|h| h.granted).sum();
+    assert_eq!(held, 6.0);
+    // Once RLS stops asking (its demand expires), the gateway grows back.
+    let g = report(&mut holders, 10.0, 1, 30.0, 3_200_000, ttl).unwrap();
+    assert_eq!(g.per_second(), 10.0);
+}
+
+#[test]
+fn the_replicas_rls_demands_weigh_as_one_holder() {
+    let ttl = 3_000_000;
+    // Three replicas see RLS calls at 3 a second each: RLS asks for 9 as one holder, so a
+    // gateway asking for 10 of 10 gets an equal half (as against two; three holders of 3
+    // would leave it 1).
+    let mut holders = Vec::new();
+    for replica in 1..=3 {
+        record_demand(&mut holders, replica, 3.0, 0, ttl);
+    }
+    let g = report(&mut holders, 10.0, 1, 10.0, 1, ttl).unwrap();
+    assert_eq!(g.per_second(), 5.0);
+    // One replica's RLS alone asking for little: the gateway gets the rest.
+    let mut holders = Vec::new();
+    record_demand(&mut holders, 1, 2.0, 0, ttl);
+    let g = report(&mut holders, 10.0, 1, 10.0, 1, ttl).unwrap();
+    assert_eq!(g.per_second(), 8.0);
+}
+
+proptest! {
+    /// Whatever the order of reports, demands and times, the live grants never add up to
+    /// more than the rate.
+    #[test]
+    fn live_grants_never_exceed_the_rate(
+        capacity in 0.0f64..1000.0,
+        steps in proptest::collection::vec((0u64..6, 0.0f64..2000.0, 0u64..2_000_000), 1..200),
+    ) {
+        let mut holders = Vec::new();
+        let mut now = 0u64;
+        for (gateway, demand, advance) in steps {
+            now += advance;
+            report(&mut holders, capacity, gateway, demand, now, 3_000_000);
+            let live: f64 = holders.iter().filter(|h| h.expires_us > now).map(|h| h.granted).sum();
+            prop_assert!(live <= capacity + 1e-9, "{live} > {capacity}: {holders:?}");
+        }
+    }
+
+    #[test]
+    fn a_quantized_rate_never_exceeds_the_rate_and_keeps_nine_tenths_of_it(
+        rate in 0.0001f64..100_000.0,
+    ) {
+        let t = quantize(rate).expect("above one a day");
+        prop_assert!(t.per_second() <= rate * (1.0 + 1e-9), "{t:?} for {rate}");
+        prop_assert!(t.per_second() >= 0.9 * rate || rate < 0.1, "{t:?} for {rate}");
+    }
+
+    #[test]
+    fn fair_shares_never_exceed_capacity_and_meet_small_demands(
+        capacity in 0.0f64..1000.0,
+        demands in proptest::collection::vec(0.0f64..500.0, 1..20),
+    ) {
+        let shares = fair_shares(capacity, &demands);
+        let total: f64 = shares.iter().sum();
+        prop_assert!(total <= capacity + 1e-6);
+        let equal = capacity / demands.len() as f64;
+        for (d, s) in demands.iter().zip(&shares) {
+            prop_assert!(*s + 1e-9 >= d.min(equal), "{d} got {s}");
+        }
+    }
+}

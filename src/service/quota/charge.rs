@@ -1,0 +1,311 @@
+//! What a gateway admitted, charged into its rule's own counters at its next report (the one
+//! budget): per hold, the admissions its reported buckets counted go into each rate layer of
+//! the descriptor as post-paid hits, at most what its last grant claimed of the layer's current
+//! window (the rest fell in windows that are gone). Once they are in, the store starts the
+//! gateway's claim again from now (`Ask::charged`). It must never tell the store a charge
+//! landed that it does not know landed: a claim kept too long only under-admits.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::Inner;
+use super::hold::{Hold, Member};
+use crate::algorithm::claims::{self, Claim};
+use crate::algorithm::share::{Room, Tokens};
+use crate::algorithm::{Algorithm, ChargeMode, Check};
+
+/// The most charges and looks one store call carries (the Redis batcher's own bound on the
+/// keys of a script call).
+const CHECKS_PER_CALL: usize = 200;
+
+/// What this stream was granted on a descriptor since its admissions were last charged, on
+/// this host's clock: its claim as the store counts it (the store's own clock may differ by
+/// the hosts' skew, which moves a cap by that much of the rate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Granted {
+    /// The highest rate granted since `since_us`.
+    pub rate: f64,
+    pub since_us: u64,
+    pub ends_us: u64,
+    /// What its buckets may hold at once (each bucket's burst, all of them): admissions past
+    /// the claim's rate that came from a full bucket, charged too.
+    pub burst: u64,
+}
+
+/// Microseconds since the epoch on this host.
+pub(super) fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The post-paid charges of `admitted` requests into `layers` at `now_us`, each at most what
+/// `last` claims of its window plus its buckets' burst (a full bucket admits that much past
+/// the rate; left out, each report would forget it and RLS spend it again: the model in
+/// `algorithm::claims` fails without it). Nothing before the stream's first grant: those
+/// admissions are the filter's own (`no_assignment_behavior`), or, on a stream that moved,
+/// still claimed by the holder the old stream left (charging them would count them twice, and
+/// a short window would refuse the gateway for its next interval).
+pub(super) fn charges(
+    layers: &[Check],
+    admitted: u64,
+    last: Option<&Granted>,
+    now_us: u64,
+) -> Vec<Check> {
+    let Some(g) = last.filter(|_| admitted > 0) else {
+        return Vec::new();
+    };
+    layers
+        .iter()
+        .filter_map(|layer| {
+            let claim = Claim {
+                rate: g.rate,
+                since_us: g.since_us,
+                ends_us: g.ends_us.min(now_us),
+            };
+            let cap = claims::claimed(&[claim], &layer.limit, now_us).saturating_add(g.burst);
+            let hits = admitted.min(cap);
+            (hits > 0).then(|| Check {
+                key: layer.key.clone(),
+                limit: layer.limit,
+                hits,
+                refund: false,
+                post_paid: true,
+            })
+        })
+        .collect()
+}
+
+/// `last` after a grant of `tokens` until `ends_us` to `buckets` buckets, made at `now_us`:
+/// started again when the admissions before were charged, else kept from its start at the
+/// highest rate and burst.
+pub(super) fn after_grant(
+    last: Option<Granted>,
+    tokens: Option<Tokens>,
+    buckets: usize,
+    charged: bool,
+    now_us: u64,
+    ends_us: u64,
+) -> Granted {
+    let rate = tokens.map_or(0.0, Tokens::per_second);
+    // Each bucket's part holds at most the hold's burst (`hold::split` never grows a part
+    // past the share).
+    let burst = tokens.map_or(0, |t| u64::from(t.burst())) * buckets as u64;
+    match last {
+        Some(g) if !charged && g.rate > 0.0 => Granted {
+            rate: g.rate.max(rate),
+            since_us: g.since_us,
+            ends_us,
+            burst: g.burst.max(burst),
+        },
+        _ => Granted {
+            rate,
+            since_us: now_us,
+            ends_us,
+            burst,
+        },
+    }
+}
+
+/// What `layer`'s window has left for a new grant lasting `ttl_us` at `now_us`, from a check of
+/// no hits (`remaining`, every claim counted): the part of the grant's life the window holds. A
+/// bucket has none (its refill is shared by rate).
+pub(super) fn room(layer: &Check, remaining: u64, now_us: u64, ttl_us: u64) -> Option<Room> {
+    let w = layer.limit.window_us;
+    let span_us = match layer.limit.algorithm {
+        Algorithm::FixedWindow if w > 0 => ttl_us.min(now_us - now_us % w + w - now_us),
+        Algorithm::SlidingWindow => ttl_us.min(w),
+        _ => return None,
+    };
+    Some(Room {
+        limit: layer.limit,
+        remaining,
+        span_us,
+    })
+}
+
+/// Per hold, after its charge: whether its admissions are all in the counters (nothing to
+/// charge, once the stream has a grant, counts as in), and what its windows have left.
+pub(super) struct Charged {
+    pub charged: bool,
+    pub rooms: Vec<Room>,
+}
+
+impl Inner {
+    /// Charges each hold's admissions (`allowed[i]`: what reported bucket `i` admitted;
+    /// `layers[i]`: its descriptor's rate limits) and, in the same store call after them, reads
+    /// what each window has left (a check of no hits: nothing written).
+    pub(super) async fn charge(
+        &self,
+        holds: &[Hold],
+        allowed: &[u64],
+        layers: &[&[Check]],
+        granted: &std::collections::HashMap<String, Granted>,
+        now_us: u64,
+        ttl_us: u64,
+    ) -> Vec<Charged> {
+        let mut checks = Vec::new();
+        let mut owner = Vec::new();
+        let mut probes = Vec::new();
+        for (h, hold) in holds.iter().enumerate() {
+            let mut admitted = 0u64;
+            let mut of = None;
+            for (member, _) in &hold.members {
+                if let Member::Reported(i) = member {
+                    admitted = admitted.saturating_add(allowed[*i]);
+                    of = of.or(Some(*i));
+                }
+            }
+            let Some(first) = of else { continue };
+            let last = granted.get(&hold.ask.key);
+            let added = charges(layers[first], admitted, last, now_us);
+            for layer in layers[first] {
+                let hits = added
+                    .iter()
+                    .find(|c| c.key == layer.key)
+                    .map_or(0, |c| c.hits);
+                probes.push((h, layer, hits));
+            }
+            owner.extend(std::iter::repeat_n(h, added.len()));
+            checks.extend(added);
+        }
+        let looks: Vec<Check> = probes
+            .iter()
+            .map(|(_, layer, _)| Check {
+                hits: 0,
+                refund: false,
+                post_paid: false,
+                ..(*layer).clone()
+            })
+            .collect();
+        // Before its first grant a stream knows nothing of what its holder (a named gateway's,
+        // from its last stream) claims: the claim keeps its start.
+        let mut out: Vec<Charged> = holds
+            .iter()
+            .map(|h| Charged {
+                charged: granted.contains_key(&h.ask.key),
+                rooms: Vec::new(),
+            })
+            .collect();
+        // The charges first, then the looks (which must see them).
+        match self.in_calls(&checks).await {
+            Some(decisions) => {
+                for (h, decision) in owner.iter().zip(&decisions) {
+                    // Answered by the failure mode: the charge may or may not have landed.
+                    if decision.by_failure_mode {
+                        out[*h].charged = false;
+                    }
+                }
+            }
+            // Not known to have landed: the claims keep their start (under-admitting only).
+            None => out.iter_mut().for_each(|o| o.charged = false),
+        }
+        let Some(decisions) = self.in_calls(&looks).await else {
+            return out;
+        };
+        for ((h, layer, charged), decision) in probes.iter().zip(&decisions) {
+            if decision.by_failure_mode {
+                continue;
+            }
+            // A sliding window counts a charge from now on, though the gateway admitted it
+            // over the interval before: it leaves the true window as the new grant fills it,
+            // so the grant may use it again (else a gateway could never grow past its rate).
+            let mut remaining = decision.remaining;
+            if layer.limit.algorithm == Algorithm::SlidingWindow {
+                remaining = remaining.saturating_add(*charged);
+            }
+            out[*h].rooms.extend(room(layer, remaining, now_us, ttl_us));
+        }
+        out
+    }
+
+    /// `checks` charged each alone, in store calls of bounded size sent together (a report of
+    /// 10,000 buckets is not one script call holding Redis for all of them), under
+    /// `--rlqs-store-timeout`; `None` when the store could not answer.
+    async fn in_calls(&self, checks: &[Check]) -> Option<Vec<crate::algorithm::Decision>> {
+        if checks.is_empty() {
+            return Some(Vec::new());
+        }
+        let limiter = self.decider.limiter();
+        let within = self.config.store_timeout;
+        let parts = futures_util::future::join_all(
+            checks
+                .chunks(CHECKS_PER_CALL)
+                .map(|part| limiter.check_within(part, ChargeMode::EachAlone, within)),
+        )
+        .await;
+        let mut decisions = Vec::with_capacity(checks.len());
+        for part in parts {
+            decisions.extend(part.ok()?);
+        }
+        Some(decisions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Limit};
+
+    fn layer(algorithm: Algorithm, requests: u64, window_s: u64) -> Check {
+        Check {
+            key: format!("{{d|t=a}}:{window_s}"),
+            limit: Limit {
+                algorithm,
+                requests,
+                window_us: window_s * 1_000_000,
+                burst: requests,
+            },
+            hits: 0,
+            refund: false,
+            post_paid: false,
+        }
+    }
+
+    #[test]
+    fn admissions_are_charged_up_to_the_claim_in_each_window() {
+        const S: u64 = 1_000_000;
+        let second = layer(Algorithm::FixedWindow, 10, 1);
+        let minute = layer(Algorithm::FixedWindow, 600, 60);
+        // 5/s granted from 100 s; reported at 105.5 s having admitted 27.
+        let last = Granted {
+            rate: 5.0,
+            since_us: 100 * S,
+            ends_us: 111 * S,
+            burst: 0,
+        };
+        let now = 105 * S + S / 2;
+        let charged = charges(&[second, minute], 27, Some(&last), now);
+        // The second [105, 106) holds half a second of it (3, rounded up); the minute all 27.
+        assert_eq!(charged.iter().map(|c| c.hits).collect::<Vec<_>>(), [3, 27]);
+        assert!(charged.iter().all(|c| c.post_paid && !c.refund));
+        // A bucket of 5 may have admitted 5 more in the second: charged too.
+        let full = Granted { burst: 5, ..last };
+        let charged = charges(
+            &[layer(Algorithm::FixedWindow, 10, 1)],
+            27,
+            Some(&full),
+            now,
+        );
+        assert_eq!(charged[0].hits, 8);
+        // Nothing granted before on this stream: nothing.
+        assert!(charges(&[layer(Algorithm::SlidingWindow, 10, 1)], 4, None, now).is_empty());
+        assert!(charges(&[layer(Algorithm::FixedWindow, 10, 1)], 0, None, now).is_empty());
+    }
+
+    #[test]
+    fn a_claim_starts_again_only_once_charged() {
+        let t = |n| {
+            Some(Tokens {
+                per_fill: n,
+                every_s: 1,
+            })
+        };
+        let g = after_grant(None, t(4), 2, false, 10, 20);
+        assert_eq!((g.rate, g.since_us, g.ends_us, g.burst), (4.0, 10, 20, 8));
+        let kept = after_grant(Some(g), t(2), 2, false, 15, 25);
+        assert_eq!((kept.rate, kept.since_us, kept.ends_us), (4.0, 10, 25));
+        assert_eq!(kept.burst, 8);
+        let again = after_grant(Some(kept), t(2), 1, true, 18, 28);
+        assert_eq!((again.rate, again.since_us, again.burst), (2.0, 18, 2));
+    }
+}

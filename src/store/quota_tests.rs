@@ -1,0 +1,108 @@
+use super::*;
+use crate::clock::ManualClock;
+
+fn ask(key: &str, gateway: u64, demand: f64) -> Ask {
+    Ask {
+        key: key.into(),
+        capacity: 10.0,
+        gateway,
+        demand,
+        ttl_us: 3_000_000,
+        kind: AskKind::Grant,
+        charged: true,
+        window_us: 60_000_000,
+        rooms: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_full_table_refuses_new_rules_until_grants_expire() {
+    let clock = ManualClock::new(1_000_000);
+    let quota = MemoryQuota::with_max_keys(Arc::new(clock.clone()), 2);
+    let far = Instant::now() + std::time::Duration::from_secs(1);
+    let asks = [ask("a", 1, 5.0), ask("b", 1, 5.0), ask("c", 1, 5.0)];
+    let grants = quota.grant(&asks, far).await;
+    assert!(grants[0].as_ref().unwrap().is_some());
+    assert!(grants[1].as_ref().unwrap().is_some());
+    assert!(
+        matches!(grants[2], Err(StoreError::Unavailable(_))),
+        "{grants:?}"
+    );
+    // Once a and b have expired, and their claims a window later, c gets its place.
+    clock.advance_us(3_000_001);
+    assert!(matches!(
+        quota.grant(&asks[2..], far).await[0],
+        Err(StoreError::Unavailable(_))
+    ));
+    clock.advance_us(60_000_000);
+    let grants = quota.grant(&asks[2..], far).await;
+    assert_eq!(grants[0].as_ref().unwrap().unwrap().per_second(), 10.0);
+    assert!(quota.holders("a").is_empty());
+}
+
+#[tokio::test]
+async fn a_grant_claims_its_span_in_each_window_until_charged_and_after_its_end() {
+    let clock = ManualClock::new(100_000_000);
+    let quota = MemoryQuota::new(Arc::new(clock.clone()));
+    let far = Instant::now() + std::time::Duration::from_secs(1);
+    let second = "{edge|tenant=a}:fw:1000000us";
+    let minute_limit = Limit {
+        algorithm: crate::algorithm::Algorithm::FixedWindow,
+        requests: 600,
+        window_us: 60_000_000,
+        burst: 600,
+    };
+    let second_limit = Limit {
+        requests: 10,
+        window_us: 1_000_000,
+        burst: 10,
+        ..minute_limit
+    };
+    assert_eq!(quota.claimed(second, &second_limit, 100_000_000), None);
+    // 10/s for 3 s from 100 s: the second [100, 101) holds 10 of it, the minute [60, 120)
+    // all 30.
+    let grants = quota.grant(&[ask("{edge|tenant=a}", 1, 30.0)], far).await;
+    assert_eq!(grants[0].as_ref().unwrap().unwrap().per_second(), 10.0);
+    assert_eq!(quota.claimed(second, &second_limit, 100_000_000), Some(10));
+    assert_eq!(quota.claimed(second, &minute_limit, 100_000_000), Some(30));
+    let other = "{edge|tenant=b}:fw:1000000us";
+    assert_eq!(quota.claimed(other, &second_limit, 100_000_000), None);
+    // RLS demand claims nothing.
+    let rls = Ask {
+        kind: AskKind::Demand,
+        ..ask("{edge|tenant=a}", 7, 5.0)
+    };
+    assert_eq!(quota.grant(&[rls], far).await[0], Ok(None));
+    assert_eq!(quota.claimed(second, &minute_limit, 100_000_000), Some(30));
+    // A charged report 2 s on: the claim starts again, at the part RLS' demand leaves it
+    // (5/s for 3 s from 102 s: 15).
+    clock.advance_us(2_000_000);
+    quota.grant(&[ask("{edge|tenant=a}", 1, 30.0)], far).await;
+    assert_eq!(quota.claimed(second, &minute_limit, 102_000_000), Some(15));
+    // Released at 103 s: what it may have admitted in [102, 103) stays claimed in the
+    // minute, and nothing after; the second [104, 105) holds none of it.
+    clock.advance_us(1_000_000);
+    let release = Ask {
+        kind: AskKind::Release,
+        ..ask("{edge|tenant=a}", 1, 0.0)
+    };
+    quota.grant(&[release], far).await;
+    assert_eq!(quota.claimed(second, &minute_limit, 103_000_000), Some(5));
+    assert_eq!(quota.claimed(second, &second_limit, 104_000_000), Some(0));
+    // An uncharged report keeps the claim's start, at the highest rate since (RLS' demand
+    // has expired: 10/s from 102 s to 106 s).
+    quota
+        .grant(
+            &[Ask {
+                charged: false,
+                ..ask("{edge|tenant=a}", 1, 30.0)
+            }],
+            far,
+        )
+        .await;
+    assert_eq!(quota.claimed(second, &minute_limit, 103_000_000), Some(40));
+    // Kept a window past its end, then forgotten.
+    clock.advance_us(61_000_000);
+    quota.grant(&[ask("{edge|tenant=c}", 1, 1.0)], far).await;
+    assert_eq!(quota.claimed(second, &minute_limit, 164_000_000), Some(0));
+}
