@@ -164,7 +164,7 @@ async fn standalone_redis_on_a_unix_socket_with_a_user_and_key_prefix() {
 
 /// The Go service has no RLQS: in Go mode without it, a Redis outage is logged as the store's
 /// failure only, never as anything about RLQS (a replica used to log that it could not read
-/// the RLQS reservations every second).
+/// the RLQS reservations every second; there is no such read any more).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_in_go_mode_says_nothing_about_rlqs() {
     let root = config_tree();

@@ -1,6 +1,7 @@
 //! The Redis ACL README gives is enough: a user made with exactly that line decides every
 //! algorithm, refunds and post-paid charges, keeps temporary scaling factors, grants RLQS
-//! shares, pushes them between reports and keeps the reservations RLS reads, and answers readiness, with no NOPERM anywhere
+//! shares, pushes them between reports, counts their claims on the RLS path, and answers
+//! readiness, with no NOPERM anywhere
 //! (Redis checks the commands a script calls against the user's permissions).
 
 mod common;
@@ -88,8 +89,8 @@ async fn the_readme_acl_is_all_the_service_needs() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    // RLQS: a share granted (not the failure mode's DENY_ALL), RLS demand on the held descriptor
-    // pushed and the reservations read back (listed by /rlqs once read), without an error.
+    // RLQS: a share granted (not the failure mode's DENY_ALL), RLS counting its claims and its
+    // demand on the held descriptor pushed, without an error.
     let mut gateway = Gateway::open(&server).await;
     let actions = gateway
         .report("acl", &[(&[("fixed", "g")], 3, 0)])

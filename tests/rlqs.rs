@@ -565,8 +565,8 @@ async fn the_admin_listener_shows_each_stream_its_buckets_and_what_they_were_ass
     server.stop().await;
 }
 
-/// RLS and RLQS on one descriptor share its rate: what the gateways hold is reserved and RLS
-/// calls count against the rest, so together they never pass it; RLS calls' demand shrinks the
+/// RLS and RLQS on one descriptor share one budget: RLS calls count what the gateway's grant
+/// claims of the window, so together they never pass it; RLS calls' demand shrinks the
 /// gateway's next share (max-min fair), and once RLS stops asking the gateway grows back.
 #[tokio::test]
 async fn rls_counts_against_what_gateways_hold_and_gets_a_fair_part() {

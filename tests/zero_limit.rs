@@ -1,4 +1,4 @@
-//! A limit at zero (a reload that blocks a descriptor, a reservation that takes the whole rate)
+//! A limit at zero (a reload that blocks a descriptor, gateways' claims that take the whole window)
 //! keeps its counter as it was for when the limit comes back, on the memory store and on Redis:
 //! charges and refunds there change nothing, and post-paid hits (consumption that happened, an
 //! LLM's tokens) are recorded in a window's counter. Forgetting either hands spent budget out

@@ -1,8 +1,8 @@
-//! What an RLQS grant claims of a rule's window (issue 29's one budget, not yet wired): a
-//! gateway granted `rate` a second from `since_us` (its last report: what it admitted before is
-//! charged into the counter) until `ends_us` may admit that rate over that span, so an RLS check
-//! counts the part of the span that can fall in the windows its own hit will count in. Pure, and
-//! mirrored by the Lua the scripts will run (same operations, same order, so the doubles agree).
+//! What an RLQS grant claims of a rule's window (the one budget): a gateway granted `rate` a
+//! second from `since_us` (its last report: what it admitted before is charged into the
+//! counter) until `ends_us` may admit that rate over that span, so an RLS check counts the part
+//! of the span that can fall in the windows its own hit will count in. Pure, and mirrored by
+//! `lua/claims.lua` (same operations, same order, so the doubles agree).
 //! It must never claim less than a gateway at its rate can admit inside the window.
 
 use super::{Algorithm, Limit};

@@ -197,8 +197,8 @@ pub struct Outcome {
 /// updating it when the hits are admitted.
 pub fn apply(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
     if limit.requests == 0 {
-        // The counter stays as it is for when the limit comes back (a reload, a reservation
-        // that ends): forgetting it would hand its spent budget out again.
+        // The counter stays as it is for when the limit comes back (a reload, gateways' claims
+        // that end): forgetting it would hand its spent budget out again.
         return Outcome {
             decision: zero_limit_decision(hits),
             keep_for_us: 0,

@@ -272,7 +272,7 @@ fn fair_and_room(holders: &[Holder], capacity: f64, me: usize, now_us: u64) -> (
 
 /// Records demand that holds no grant (RLS calls on a descriptor gateways hold part of): it
 /// counts in the others' fair shares, so their next grants leave it its part, which RLS then
-/// finds unreserved. Expired holders are dropped; a new one past `MAX_HOLDERS` is not kept.
+/// finds unclaimed. Expired holders are dropped; a new one past `MAX_HOLDERS` is not kept.
 pub fn record_demand(
     holders: &mut Vec<Holder>,
     gateway: u64,

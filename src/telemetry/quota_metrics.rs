@@ -1,5 +1,6 @@
 //! The RLQS series: streams open, why streams ended badly, what gateways reported per rule, and
-//! the assignments sent by kind, and the reservations RLS reads. Labels are rules and fixed words, never a bucket's values.
+//! the assignments sent by kind, pushes, holds refused, and the store errors around them. Labels
+//! are rules and fixed words, never a bucket's values.
 
 use std::sync::atomic::AtomicU64;
 

@@ -305,7 +305,7 @@ impl RedisStore {
     }
 
     /// One command within `deadline`, on whichever backend: the small scripts (scaling factors,
-    /// RLQS grants and reservations), rare calls outside the decision path.
+    /// RLQS grants, the contested feed, RLQS in use), rare calls outside the decision path.
     pub(super) async fn query(
         &self,
         cmd: redis::Cmd,
