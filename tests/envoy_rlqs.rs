@@ -397,9 +397,9 @@ async fn two_gateways_on_two_replicas_share_one_cluster_budget() {
 
 /// RLS and RLQS on one descriptor: a gateway enforcing locally (RLQS, replica one) and a gateway
 /// calling per request (the ratelimit filter, replica two), both on one Redis, both offered three
-/// times the rate. What the first holds is reserved, the second's calls count against the rest,
-/// and the second's demand shrinks the first's share: together within the rate and one bucket,
-/// each a fair part.
+/// times the rate. The second's calls count what the first's grant claims, the first's reports
+/// charge what it admitted, and the second's demand shrinks the first's share: together within
+/// the rate and one bucket, each a fair part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_on_rlqs_and_one_on_rls_share_one_budget() {
     let redis = common::redis::RedisServer::start();
