@@ -86,6 +86,56 @@ fn flags_of_a_part_switched_off_are_refused_naming_them() {
     drop(server);
 }
 
+/// RLQS grants claim their part of a rule beside its counters in the main Redis; a per-second
+/// Redis holds the per-second counters where those claims are not: RLS calls there would spend
+/// a second's budget the gateways were already granted. Refused, naming what was set.
+#[test]
+fn rlqs_with_a_per_second_redis_is_refused_naming_both() {
+    let rules = dir_with(&[("r.yaml", RULES)]);
+    let config = s(rules.path());
+    let (code, out) = portcullis_with_env(
+        &[
+            "serve",
+            "--config",
+            config,
+            "--store",
+            "redis",
+            "--redis-url",
+            "redis://127.0.0.1:1",
+            "--redis-per-second-url",
+            "redis://127.0.0.1:2",
+        ],
+        &[("PORTCULLIS_RLQS", "true")],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("PORTCULLIS_RLQS set with --redis-per-second-url"),
+        "{out}"
+    );
+    // Go mode's REDIS_PERSECOND is the same trap.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("current/ratelimit/config");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("d.yaml"), RULES).unwrap();
+    let runtime = root.path().join("current").display().to_string();
+    let (code, out) = portcullis_with_env(
+        &["serve", "--rlqs"],
+        &[
+            ("PORTCULLIS_ENV_COMPAT", "go"),
+            ("RUNTIME_ROOT", &runtime),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("USE_STATSD", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "127.0.0.1:1"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", "127.0.0.1:2"),
+        ],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("--rlqs set with REDIS_PERSECOND"), "{out}");
+}
+
 #[test]
 fn a_bad_value_from_a_variable_names_the_variable() {
     for (var, value, words) in [

@@ -82,6 +82,23 @@ impl Settings {
                 "set --store redis",
             );
         }
+        // Grants claim their part of a rule beside its counters in the main Redis; a per-second
+        // Redis holds per-second counters where no claim is, so RLS there would spend a second's
+        // budget the gateways were already granted.
+        let per_second = if self.redis_per_second.is_some() {
+            Some("REDIS_PERSECOND")
+        } else if self.redis_per_second_url.is_some() && self.store == StoreKind::Redis {
+            Some("--redis-per-second-url")
+        } else {
+            None
+        };
+        if let (true, Some(set)) = (self.rlqs.rlqs, per_second) {
+            problems.push(format!(
+                "--rlqs set with {set}: per-second limits would be counted in the per-second \
+                 Redis, where the grants of RLQS are not, so a second's budget could be spent \
+                 twice; serve RLQS from a deployment without a per-second Redis, or unset {set}"
+            ));
+        }
         problems.extend(self.traces.problems());
         problems
     }
