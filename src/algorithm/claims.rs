@@ -89,3 +89,11 @@ pub fn less(limit: &Limit, claimed: u64) -> Limit {
 #[cfg(test)]
 #[path = "claims_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "claims_sliding_tests.rs"]
+mod sliding_tests;
+
+#[cfg(test)]
+#[path = "claims_bucket_tests.rs"]
+mod bucket_tests;

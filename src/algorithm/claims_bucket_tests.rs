@@ -1,0 +1,140 @@
+//! The one budget on a token bucket, modelled as `claims_tests` models the windows: the real
+//! bucket (`apply`, `charge_post_paid`), gateways as Envoy runs them, RLS bursts, reports and
+//! streams that end, checked over every span of the run.
+
+use proptest::prelude::*;
+
+use super::tests::{Gateway, S, carried_at, end_stream, limit};
+use super::*;
+use crate::algorithm::{State, apply, charge_post_paid};
+
+/// The same design on a token bucket, its counter the real one (`apply`, `charge_post_paid`):
+/// RLS checks spend from a bucket whose burst loses every claim (the gateways' uncharged
+/// admissions since their last report); a report charges what the gateway admitted, post-paid,
+/// at most its claim plus its fill, and grants its fair part of the rate (a bucket has no room:
+/// its refill is shared by rate). Returns every admission's time and every assignment's
+/// (time, fill), per gateway.
+fn run_bucket(
+    window_s: u64,
+    requests: u64,
+    gateways: usize,
+    steps: &[(u8, u8, u32)],
+) -> (Vec<u64>, Vec<Vec<(u64, u64)>>) {
+    let l = limit(Algorithm::TokenBucket, requests, window_s);
+    let w = l.window_us;
+    let rate = l.per_second();
+    let ttl = 11 * S;
+    let mut gw: Vec<Gateway> = vec![Gateway::idle(); gateways];
+    let mut bucket = State::empty(Algorithm::TokenBucket);
+    let mut admissions: Vec<u64> = Vec::new();
+    let mut history: Vec<Vec<(u64, u64)>> = vec![Vec::new(); gateways];
+    let mut ended: Vec<Claim> = Vec::new();
+    let mut now = w;
+    for &(what, who, advance_ms) in steps {
+        now += u64::from(advance_ms) * (w / 40_000).min(1000);
+        let g = usize::from(who) % gateways;
+        if what % 5 == 4 {
+            end_stream(&mut gw[g], &mut ended, now);
+            continue;
+        }
+        let claims: Vec<Claim> = gw
+            .iter()
+            .map(|g| g.claim)
+            .chain(ended.iter().copied())
+            .collect();
+        match what % 5 {
+            0 | 1 => {
+                for _ in 0..=who {
+                    let left = less(&l, claimed(&claims, &l, now));
+                    if left.requests > 0 && apply(&mut bucket, now, &left, 1).decision.allowed {
+                        admissions.push(now);
+                    }
+                }
+            }
+            2 => {
+                let gate = &mut gw[g];
+                gate.refill(now);
+                while now < gate.claim.ends_us && gate.tokens >= 1.0 {
+                    gate.tokens -= 1.0;
+                    gate.unreported += 1;
+                    admissions.push(now);
+                }
+            }
+            _ => {
+                let gate = &mut gw[g];
+                let past = Claim {
+                    ends_us: now.min(gate.claim.ends_us),
+                    ..gate.claim
+                };
+                let cap = claim(&past, &l, now);
+                let charge = gate
+                    .unreported
+                    .min((cap - EPSILON).ceil().max(0.0) as u64 + gate.fill.ceil() as u64);
+                if charge > 0 {
+                    charge_post_paid(&mut bucket, now, &l, charge);
+                }
+                gate.unreported = 0;
+                let held: f64 = gw
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, o)| *i != g && o.claim.ends_us > now)
+                    .map(|(_, o)| o.claim.rate)
+                    .sum();
+                let granted = (rate / gateways as f64).min(rate - held).max(0.0);
+                let gate = &mut gw[g];
+                gate.refill(now);
+                let changed = granted != gate.claim.rate || now >= gate.claim.ends_us;
+                gate.claim = Claim {
+                    rate: granted,
+                    since_us: now,
+                    ends_us: now + ttl,
+                };
+                if changed {
+                    gate.fill = granted.max(if granted > 0.0 { 1.0 } else { 0.0 });
+                    gate.tokens = gate.fill;
+                    gate.at_us = now;
+                    history[g].push((now, gate.fill.ceil() as u64));
+                }
+            }
+        }
+    }
+    (admissions, history)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// On a token bucket of burst B refilled at R: over every span [a, b] of the run, RLS and
+    /// gateway admissions together stay within B + R (b - a), plus one fill per gateway per
+    /// assignment made in the span and the fills its buckets carried in.
+    #[test]
+    fn rls_and_gateways_together_stay_within_the_bucket(
+        unit in 0usize..3,
+        requests in 1u64..60,
+        gateways in 1usize..4,
+        steps in proptest::collection::vec((0u8..8, 0u8..4, 0u32..2_000), 1..300),
+    ) {
+        let window_s = [1, 60, 3600][unit];
+        let (admissions, history) = run_bucket(window_s, requests, gateways, &steps);
+        let rate = requests as f64 / window_s as f64;
+        let mut fills: Vec<(u64, u64)> = history.iter().flatten().copied().collect();
+        fills.sort();
+        for (i, &a) in admissions.iter().enumerate() {
+            let carried = carried_at(&history, a.saturating_sub(1));
+            for (j, &b) in admissions.iter().enumerate().skip(i) {
+                let admitted = (j - i + 1) as u64;
+                let made: u64 = fills
+                    .iter()
+                    .filter(|(t, _)| *t >= a && *t <= b)
+                    .map(|(_, n)| n)
+                    .sum();
+                let refill = (rate * (b - a) as f64 / 1e6 + EPSILON).floor() as u64;
+                let allowance = requests + refill + made + carried;
+                prop_assert!(
+                    admitted <= allowance,
+                    "{admitted} in [{a}, {b}] > {allowance} ({refill} refilled, {made} made, \
+                     {carried} carried)"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The one budget on a sliding window, modelled as `claims_tests` models the fixed one: the
+//! counter an exact log of admissions, checked over every sliding window of the run.
+
+use proptest::prelude::*;
+
+use super::tests::{Gateway, S, carried_at, end_stream, limit};
+use super::*;
+
+/// The same design on a sliding window, its counter an exact log of admissions: RLS admits when
+/// the last W's hits and every claim leave room; a report charges what the gateway admitted, at
+/// most its claim since its last report, and grants within the last W's room. Returns, for each
+/// admission, (admitted in the W ending there, the limit plus the fills of assignments made in
+/// it and one carried in per gateway).
+fn run_sliding(
+    window_s: u64,
+    requests: u64,
+    gateways: usize,
+    steps: &[(u8, u8, u32)],
+) -> Vec<(u64, u64)> {
+    let l = limit(Algorithm::SlidingWindow, requests, window_s);
+    let w = l.window_us;
+    let rate = l.per_second();
+    let ttl = 11 * S;
+    let mut gw: Vec<Gateway> = vec![Gateway::idle(); gateways];
+    // The counter: (time, hits) charged; every admission's time; every assignment's (time, fill).
+    let mut counter: Vec<(u64, u64)> = Vec::new();
+    let mut admissions: Vec<u64> = Vec::new();
+    let mut fills: Vec<(u64, u64)> = Vec::new();
+    let mut history: Vec<Vec<(u64, u64)>> = vec![Vec::new(); gateways];
+    // The claims of streams that ended: each keeps what its gateway may have admitted.
+    let mut ended: Vec<Claim> = Vec::new();
+    let in_window = |log: &[(u64, u64)], now: u64| -> u64 {
+        log.iter()
+            .filter(|(t, _)| *t + w > now)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let mut now = w;
+    for &(what, who, advance_ms) in steps {
+        now += u64::from(advance_ms) * (w / 40_000).min(1000);
+        let g = usize::from(who) % gateways;
+        let claims_of = |gw: &[Gateway], me: Option<usize>| -> Vec<Claim> {
+            gw.iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != me)
+                .map(|(_, g)| g.claim)
+                .chain(ended.iter().copied())
+                .collect()
+        };
+        if what % 5 == 4 {
+            end_stream(&mut gw[g], &mut ended, now);
+            continue;
+        }
+        match what % 5 {
+            0 | 1 => {
+                for _ in 0..=who {
+                    let left = less(&l, claimed(&claims_of(&gw, None), &l, now));
+                    if in_window(&counter, now) < left.requests {
+                        counter.push((now, 1));
+                        admissions.push(now);
+                    }
+                }
+            }
+            2 => {
+                let gate = &mut gw[g];
+                gate.refill(now);
+                while now < gate.claim.ends_us && gate.tokens >= 1.0 {
+                    gate.tokens -= 1.0;
+                    gate.unreported += 1;
+                    admissions.push(now);
+                }
+            }
+            _ => {
+                let gate = &mut gw[g];
+                let past = Claim {
+                    ends_us: now.min(gate.claim.ends_us),
+                    ..gate.claim
+                };
+                let cap = claim(&past, &l, now);
+                let charge = gate
+                    .unreported
+                    .min((cap - EPSILON).ceil().max(0.0) as u64 + gate.fill.ceil() as u64);
+                if charge > 0 {
+                    counter.push((now, charge));
+                }
+                gate.unreported = 0;
+                let ends = now + ttl;
+                let span = ((ends - now).min(w)) as f64 / 1e6;
+                let taken = in_window(&counter, now) + claimed(&claims_of(&gw, Some(g)), &l, now);
+                let room = requests.saturating_sub(taken) as f64;
+                let held: f64 = gw
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, o)| *i != g && o.claim.ends_us > now)
+                    .map(|(_, o)| o.claim.rate)
+                    .sum();
+                let fair = (rate / gateways as f64).min(rate - held).max(0.0);
+                let granted = fair.min(room / span);
+                let gate = &mut gw[g];
+                gate.refill(now);
+                let changed = granted != gate.claim.rate || now >= gate.claim.ends_us;
+                gate.claim = Claim {
+                    rate: granted,
+                    since_us: now,
+                    ends_us: ends,
+                };
+                if changed {
+                    gate.fill = granted.max(if granted > 0.0 { 1.0 } else { 0.0 });
+                    gate.tokens = gate.fill;
+                    gate.at_us = now;
+                    fills.push((now, gate.fill.ceil() as u64));
+                    history[g].push((now, gate.fill.ceil() as u64));
+                }
+            }
+        }
+    }
+    admissions
+        .iter()
+        .map(|&t| {
+            let admitted = admissions.iter().filter(|&&a| a + w > t && a <= t).count() as u64;
+            let allowance: u64 = fills
+                .iter()
+                .filter(|(f, _)| *f + w > t && *f <= t)
+                .map(|(_, n)| n)
+                .sum();
+            (
+                admitted,
+                requests + allowance + carried_at(&history, t.saturating_sub(w)),
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    /// The same bound over every sliding window: second, minute and hour.
+    #[test]
+    fn rls_and_gateways_together_stay_within_every_sliding_window(
+        unit in 0usize..3,
+        requests in 1u64..200,
+        gateways in 1usize..4,
+        steps in proptest::collection::vec((0u8..8, 0u8..4, 0u32..2_000), 1..300),
+    ) {
+        let window_s = [1, 60, 3600][unit];
+        for (admitted, allowance) in run_sliding(window_s, requests, gateways, &steps) {
+            prop_assert!(admitted <= allowance, "{admitted} > {allowance}");
+        }
+    }
+}
