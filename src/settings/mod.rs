@@ -131,7 +131,8 @@ pub struct Settings {
     pub redis_url: Option<String>,
     /// A second Redis for per-second limits (`redis://...`, standalone; the other Redis settings
     /// are shared): every limit whose unit is a second is counted there, the rest in the first
-    /// (envoyproxy/ratelimit's REDIS_PERSECOND).
+    /// (envoyproxy/ratelimit's REDIS_PERSECOND). Refused with --rlqs: grants claim their part
+    /// in the main Redis only.
     #[arg(long, env = "PORTCULLIS_REDIS_PER_SECOND_URL", hide_env_values = true)]
     pub redis_per_second_url: Option<String>,
     /// The per-second Redis in full, as Go mode reads it from REDIS_PERSECOND_*; built from
