@@ -31,7 +31,7 @@
 --       concurrency; 11, 12, 13, 16 the same algorithms' refunds (16: slots released); 21, 22, 23 their post-paid charges: hits already consumed, recorded
 --       even when they do not fit, the reply still saying whether they did; 5, 15, 25 the
 --       sliding window's 1, 11, 21 whose new keys are made as hashes, 0.1.0's layout; 4 a
---       blocked descriptor, refused; 1, 2, 3, 5 plus 100 plus 1000 times the window in
+--       blocked descriptor, refused; 1, 2, 3, 5, 22 plus 100 plus 1000 times the window in
 --       milliseconds: the charge counts the RLQS grants' claims on its descriptor, claims.lua,
 --       and its reply ends with one more number, 0 when no gateway holds any of it, else 1 +
 --       what they claim), five numbers whose meaning is the operation's (see `run`), and where
@@ -176,8 +176,11 @@ end
 local function run(a, now, charging, commit_charges, call, i, scratch)
   local op, unit, n2, n3, n4, n5, at = read_numbers(KEY_NUMBERS, numbers, a)
   local key = keys[at]
-  -- A charge that counts the grants' claims: its limit less what they claim of its window.
+  -- A charge that counts the grants' claims: a window's limit less what they claim of it; a
+  -- bucket decided as if they had drawn it (claim_q, claim_r: its span) and kept while they
+  -- are (keep).
   local held = nil
+  local claim_q, claim_r, keep = nil, nil, nil
   if op >= 100 then
     local window = math.floor(op / 1000) * 1000
     op = op % 1000 - 100
@@ -186,25 +189,16 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
     if list then
       local algorithm = op
       if op == 5 then algorithm = 1 end
+      if op == 22 then algorithm = 2 end
       local claimed = claimed_of(list, algorithm, window, now)
       held = claimed + 1
-      if op == 2 then
-        -- algorithm::claims::less: the burst less the claim. Its tolerance (quotient and
-        -- remainder in `unit` requests) loses the claim's span, rounded up; a claim of the
-        -- whole burst leaves a zero limit: refused unless it spends nothing, nothing written.
-        local span = claimed * window / unit
-        if claimed >= 1 and span >= n4 + n5 / unit - 1e-9 then
-          local allowed = 0
-          if n2 == 0 and n3 == 0 then allowed = 1 end
-          reply(allowed, now, 0, 0)
-          sink_n = sink_n + 1
-          sink[sink_n] = held
-          return allowed
-        end
-        local q = math.floor(span)
-        local r = math.ceil((span - q) * unit)
-        n4, n5 = n4 - q, n5 - r
-        if n5 < 0 then n4, n5 = n4 - 1, n5 + unit end
+      if algorithm == 2 then
+        -- token_bucket::span_of(claimed): whole microseconds and a remainder in `unit`.
+        local scaled = claimed * window
+        claim_q = math.floor(scaled / unit)
+        claim_r = scaled - claim_q * unit
+        keep = 0
+        for k = 1, #list do keep = math.max(keep, list[k].keep) end
       else
         n2 = math.max(n2 - claimed, 0)
       end
@@ -245,7 +239,9 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
     ok, result = pcall(sliding_window, s, key, now, n2, n3, commit, post_paid)
   elseif op == 2 then
     -- cost quotient and remainder, tolerance quotient and remainder, rate
-    ok, result = pcall(token_bucket, s, now, n2, n3, n4, n5, unit, commit, post_paid)
+    if keep ~= nil and (s.keep == nil or keep > s.keep) then s.keep = keep end
+    ok, result = pcall(token_bucket, s, now, n2, n3, n4, n5, unit, commit, post_paid, claim_q,
+      claim_r)
   elseif op == 6 then
     ok, result = pcall(concurrency, s, now, unit, n2, n3, commit)
   else

@@ -24,6 +24,12 @@ descriptors:
     value: per-minute
     rate_limit: {unit: minute, requests_per_unit: 120}
   - key: tenant
+    value: fixed
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window}
+  - key: tenant
+    value: bucket
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket}
+  - key: tenant
     value: shared-*
     share_threshold: true
     rate_limit: {unit: second, requests_per_unit: 10}
@@ -402,6 +408,17 @@ async fn two_gateways_on_two_replicas_share_one_cluster_budget() {
 /// the rate and one bucket, each a fair part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_on_rlqs_and_one_on_rls_share_one_budget() {
+    rlqs_and_rls_share("shared", "a sliding second").await;
+}
+
+/// The same on a fixed window and on a token bucket (each 10 a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_on_rlqs_and_one_on_rls_share_a_fixed_window_and_a_token_bucket() {
+    rlqs_and_rls_share("fixed", "a fixed second").await;
+    rlqs_and_rls_share("bucket", "a token bucket").await;
+}
+
+async fn rlqs_and_rls_share(tenant: &str, rule: &str) {
     let redis = common::redis::RedisServer::start();
     let rules = rules_dir();
     let url = redis.url();
@@ -419,27 +436,27 @@ async fn a_gateway_on_rlqs_and_one_on_rls_share_one_budget() {
 
     let run = Duration::from_secs(20);
     let (answers_a, answers_b) =
-        tokio::join!(offer(&a, "shared", 30, run), offer(&b, "shared", 30, run));
+        tokio::join!(offer(&a, tenant, 30, run), offer(&b, tenant, 30, run));
     // Settled after two report rounds: from 12 s to 20 s.
     let (from, to) = (Duration::from_secs(12), run);
     let (got_a, sent_a) = admitted_in(&answers_a, from, to);
     let (got_b, sent_b) = admitted_in(&answers_b, from, to);
     let seconds = (to - from).as_secs_f64();
     eprintln!(
-        "RLQS gateway + RLS gateway on one Redis, both offered 30/s against 10/s for {seconds} s: {got_a} + {got_b} admitted of {sent_a} + {sent_b}"
+        "RLQS gateway + RLS gateway on one Redis, both offered 30/s against 10/s ({rule}) for {seconds} s: {got_a} + {got_b} admitted of {sent_a} + {sent_b}"
     );
     // Within the rate, plus one bucket of the gateway's (a second of the rate at most).
     let most = (10.0 * seconds) as usize + 10;
     assert!(
         got_a + got_b <= most,
-        "{got_a} + {got_b} > {most}\n{}\n{}",
+        "{rule}: {got_a} + {got_b} > {most}\n{}\n{}",
         local.log(),
         per_call.log()
     );
     let fair = (10.0 * seconds / 2.0 * 0.6) as usize;
     assert!(
         got_a >= fair && got_b >= fair,
-        "{got_a} (RLQS) and {got_b} (RLS): each at least {fair}"
+        "{rule}: {got_a} (RLQS) and {got_b} (RLS): each at least {fair}"
     );
 }
 

@@ -104,12 +104,15 @@ async fn rls_checks_count_the_grants_claims_in_redis_as_in_the_model() {
         for step in 0..12 {
             now += [0, 1_000, S / 7, 2 * S][rng.random_range(0..4)];
             clock.set_us(now);
+            // Post-paid charges too (a bucket's are recorded in its claims' frame: a report's
+            // charge takes the place of its claim).
+            let post_paid = rng.random_bool(0.25);
             let check = Check {
                 key: counter.clone(),
                 limit,
-                hits: rng.random_range(0..4),
+                hits: rng.random_range(0..if post_paid { 40 } else { 4 }),
                 refund: false,
-                post_paid: false,
+                post_paid,
             };
             let want = memory
                 .check(
@@ -129,7 +132,16 @@ async fn rls_checks_count_the_grants_claims_in_redis_as_in_the_model() {
                 got[0], want,
                 "case {case} step {step}: {limit:?} at {now} with {holders:?}"
             );
-            if want.limit < limit.capacity() {
+            // A window's limit is lowered by the claims; a bucket is read as if they were drawn.
+            let claims: Vec<_> = holders
+                .iter()
+                .filter(|h| h.keep_until_us > now)
+                .filter_map(Holder::claim)
+                .collect();
+            if want.limit < limit.capacity()
+                || (algorithm == Algorithm::TokenBucket
+                    && portcullis::algorithm::claims::claimed(&claims, &limit, now) > 0)
+            {
                 held_seen += 1;
             }
         }
@@ -138,4 +150,78 @@ async fn rls_checks_count_the_grants_claims_in_redis_as_in_the_model() {
     assert!(held_seen > 100, "{held_seen} checks saw a claim");
     // The RLS hits on held descriptors were tallied as RLS demand.
     assert!(!tally.take().is_empty());
+}
+
+/// A bucket RLS spends from beside a grant is kept while the grant's claim is (its state is
+/// read past full: `token_bucket::check_claimed`), on Redis (the key's time to live) as in the
+/// memory model (the entry outlives a sweep); without a claim it goes when full again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_beside_a_grant_is_kept_while_the_grant_claims_it() {
+    let redis = RedisServer::start();
+    let store = connected_store(Topology::Standalone(redis.url()), "kb:").await;
+    store.count_claims(Arc::new(RlsTally::default()), true);
+    let limit = Limit {
+        algorithm: Algorithm::TokenBucket,
+        requests: 10,
+        window_us: S,
+        burst: 10,
+    };
+    let entries = [("user", "kept")];
+    let counter = key::counter_key("kb", entries.iter().copied(), &limit, None);
+    let tag = key::descriptor_tag(&counter).to_owned();
+    let time = cli(redis.port, &["TIME"]);
+    let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+    let now = parts.next().unwrap() * S + parts.next().unwrap();
+    // One gateway at 1/s since 4 s ago: 4 tokens claimed; kept 30 s.
+    let holder = Holder {
+        gateway: 1,
+        demand: 1.0,
+        granted: 1.0,
+        expires_us: now + 10 * S,
+        rls: false,
+        since_us: now - 4 * S,
+        claim_rate: 1.0,
+        keep_until_us: now + 30 * S,
+    };
+    cli(
+        redis.port,
+        &["HSET", &format!("kb:{tag}:q"), "1", &record(&holder)],
+    );
+    let check = Check {
+        key: counter.clone(),
+        limit,
+        hits: 1,
+        refund: false,
+        post_paid: false,
+    };
+    let got = decide(&store, std::slice::from_ref(&check), ScriptClock::RedisTime).await;
+    assert!(got[0].allowed);
+    let ttl: u64 = cli(redis.port, &["PTTL", &format!("kb:{counter}")])
+        .parse()
+        .unwrap();
+    assert!(ttl > 20_000, "the bucket lives {ttl} ms, its claim 30 s");
+
+    let clock = ManualClock::new(now);
+    let quota = Arc::new(MemoryQuota::new(Arc::new(clock.clone())));
+    let memory = MemoryStore::new(Arc::new(clock.clone()));
+    memory.count_claims(MemoryClaims {
+        quota: quota.clone(),
+        tally: Arc::new(RlsTally::default()),
+    });
+    quota.put(&tag, vec![holder]);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+    let want = memory
+        .check(
+            std::slice::from_ref(&check),
+            deadline,
+            ChargeMode::EachAlone,
+        )
+        .await;
+    assert_eq!(want[0].as_ref().unwrap().allowed, got[0].allowed);
+    clock.set_us(now + 5 * S);
+    memory.sweep();
+    assert_eq!(memory.len(), 1, "the bucket outlives a sweep while claimed");
+    clock.set_us(now + 31 * S);
+    memory.sweep();
+    assert_eq!(memory.len(), 0, "and goes once the claim is not kept");
 }

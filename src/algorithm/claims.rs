@@ -59,30 +59,23 @@ pub fn claimed(claims: &[Claim], limit: &Limit, now_us: u64) -> u64 {
     (total - EPSILON).ceil().max(0.0) as u64
 }
 
-/// `limit` less `claimed` requests: what an RLS check may still count on. Windows lose them
-/// from their count, a token bucket from its burst (its rate is the refill that pays the
-/// gateways as they draw); nothing left is a limit of zero requests (every charge refused).
+/// `limit` less `claimed` requests: what an RLS check on a window may still count on; nothing
+/// left is a limit of zero requests (every charge refused). A token bucket is not lowered: its
+/// check counts the claims as drawn (`token_bucket::check_claimed`, through `apply_claimed`).
 pub fn less(limit: &Limit, claimed: u64) -> Limit {
-    if claimed == 0 || limit.algorithm == Algorithm::Concurrency {
+    if claimed == 0
+        || matches!(
+            limit.algorithm,
+            Algorithm::Concurrency | Algorithm::TokenBucket
+        )
+    {
         return *limit;
     }
-    match limit.algorithm {
-        Algorithm::TokenBucket => {
-            let burst = limit.burst.saturating_sub(claimed);
-            Limit {
-                requests: if burst == 0 { 0 } else { limit.requests },
-                burst,
-                ..*limit
-            }
-        }
-        _ => {
-            let requests = limit.requests.saturating_sub(claimed);
-            Limit {
-                requests,
-                burst: limit.burst.min(requests),
-                ..*limit
-            }
-        }
+    let requests = limit.requests.saturating_sub(claimed);
+    Limit {
+        requests,
+        burst: limit.burst.min(requests),
+        ..*limit
     }
 }
 

@@ -1,16 +1,17 @@
 //! The one budget on a token bucket, modelled as `claims_tests` models the windows: the real
-//! bucket (`apply`, `charge_post_paid`), gateways as Envoy runs them, RLS bursts, reports and
-//! streams that end, checked over every span of the run.
+//! bucket (`apply_claimed`, `charge_post_paid_claimed`), gateways as Envoy runs them, RLS bursts, reports
+//! and streams that end, checked over every span of the run; and RLS beside a gateway keeps the
+//! rate the gateway leaves it.
 
 use proptest::prelude::*;
 
 use super::tests::{Gateway, S, carried_at, end_stream, limit};
 use super::*;
-use crate::algorithm::{State, apply, charge_post_paid};
+use crate::algorithm::{State, apply_claimed, charge_post_paid_claimed};
 
 /// The same design on a token bucket, its counter the real one (`apply`, `charge_post_paid`):
-/// RLS checks spend from a bucket whose burst loses every claim (the gateways' uncharged
-/// admissions since their last report); a report charges what the gateway admitted, post-paid,
+/// RLS checks are decided on the bucket as if the gateways had drawn their claims (their
+/// uncharged admissions since their last report); a report charges what the gateway admitted, post-paid,
 /// at most its claim plus its fill, and grants its fair part of the rate (a bucket has no room:
 /// its refill is shared by rate). Returns every admission's time and every assignment's
 /// (time, fill), per gateway.
@@ -45,8 +46,11 @@ fn run_bucket(
         match what % 5 {
             0 | 1 => {
                 for _ in 0..=who {
-                    let left = less(&l, claimed(&claims, &l, now));
-                    if left.requests > 0 && apply(&mut bucket, now, &left, 1).decision.allowed {
+                    let claimed = claimed(&claims, &l, now);
+                    if apply_claimed(&mut bucket, now, &l, 1, claimed)
+                        .decision
+                        .allowed
+                    {
                         admissions.push(now);
                     }
                 }
@@ -71,7 +75,10 @@ fn run_bucket(
                     .unreported
                     .min((cap - EPSILON).ceil().max(0.0) as u64 + gate.fill.ceil() as u64);
                 if charge > 0 {
-                    charge_post_paid(&mut bucket, now, &l, charge);
+                    // Recorded while every claim stands, the reporter's own too (the store
+                    // starts its claim again after).
+                    let claimed = claimed(&claims, &l, now);
+                    charge_post_paid_claimed(&mut bucket, now, &l, charge, claimed);
                 }
                 gate.unreported = 0;
                 let held: f64 = gw
@@ -137,4 +144,55 @@ proptest! {
             }
         }
     }
+}
+
+/// RLS calls as fast as they pass beside one gateway granted half the rate that reports every
+/// 5 s (Envoy's interval) and admits its whole grant: RLS keeps the other half. (Counting the
+/// claims off the burst starved it: the gateway's 25 uncharged tokens of an interval were more
+/// than the whole burst of 10, and RLS was refused nearly everything.)
+#[test]
+fn rls_beside_a_gateway_keeps_the_rate_the_gateway_leaves() {
+    let l = Limit {
+        algorithm: Algorithm::TokenBucket,
+        requests: 10,
+        window_us: S,
+        burst: 10,
+    };
+    let mut bucket = State::empty(Algorithm::TokenBucket);
+    let rate = 5.0;
+    let mut since = S;
+    let mut rls = 0u64;
+    let step = S / 100;
+    for tick in 1..=6_000u64 {
+        let now = S + tick * step;
+        if tick % 500 == 0 {
+            // The report: what the gateway admitted since the last, charged post-paid.
+            let admitted = (rate * (now - since) as f64 / 1e6) as u64;
+            let before = Claim {
+                rate,
+                since_us: since,
+                ends_us: now + 11 * S,
+            };
+            let claimed = claimed(&[before], &l, now);
+            charge_post_paid_claimed(&mut bucket, now, &l, admitted, claimed);
+            since = now;
+        }
+        let claim = Claim {
+            rate,
+            since_us: since,
+            ends_us: now + 11 * S,
+        };
+        let claimed = claimed(&[claim], &l, now);
+        while apply_claimed(&mut bucket, now, &l, 1, claimed)
+            .decision
+            .allowed
+        {
+            rls += 1;
+        }
+    }
+    // 60 s at the 5/s the gateway leaves, and the burst.
+    assert!(
+        (280..=310).contains(&rls),
+        "RLS admitted {rls} in 60 s beside a gateway at 5/s of 10/s"
+    );
 }

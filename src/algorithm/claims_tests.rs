@@ -85,11 +85,8 @@ fn claims_round_up_and_come_off_the_limit() {
         burst: 20,
         ..limit(Algorithm::TokenBucket, 10, 1)
     };
-    assert_eq!(
-        (less(&bucket, 5).requests, less(&bucket, 5).burst),
-        (10, 15)
-    );
-    assert_eq!(less(&bucket, 20).requests, 0);
+    // A bucket is not lowered: its check counts the claims as drawn (`apply_claimed`).
+    assert_eq!(less(&bucket, 5), bucket);
 }
 
 /// A gateway as Envoy runs one: a token bucket of `fill` tokens refilled at `rate`, new and full

@@ -101,6 +101,92 @@ pub fn check(state: &mut BucketState, now_us: u64, limit: &Limit, hits: u64) -> 
     summarize(state, now_us, limit, hits, allowed)
 }
 
+/// `state` moved on by `span` (exact: the fraction carries into the whole microseconds).
+fn later(state: &BucketState, span: Span, requests: u64) -> BucketState {
+    let frac = state.frac + span.remainder;
+    let carry = u64::from(frac >= requests);
+    BucketState {
+        tat_us: state.tat_us.saturating_add(span.quotient_us + carry),
+        frac: frac - carry * requests,
+        rate: requests,
+    }
+}
+
+/// `state` moved back by `span`, never before 0.
+fn earlier(state: &BucketState, span: Span, requests: u64) -> BucketState {
+    let borrow = u64::from(state.frac < span.remainder);
+    BucketState {
+        tat_us: state.tat_us.saturating_sub(span.quotient_us + borrow),
+        frac: state.frac + borrow * requests - span.remainder,
+        rate: requests,
+    }
+}
+
+/// `check` for an RLS call beside RLQS grants that claim `claimed` tokens (what the gateways
+/// may have drawn since their last reports, not yet charged): decided on the bucket as if they
+/// had drawn them, `max(TAT + their span, now)`. What RLS spends is kept in the same frame (the
+/// state is the bucket so drawn, less their span): the refill a bucket gains past full while
+/// they draw is theirs, and RLS keeps its burst and the rate they leave. A bucket with no state
+/// (never charged, expired, refunded full) is taken as just full: what it held is not known.
+/// Answers with the claims counted (what RLS may still spend).
+pub fn check_claimed(
+    state: &mut BucketState,
+    now_us: u64,
+    limit: &Limit,
+    hits: u64,
+    claimed: u64,
+) -> Outcome {
+    let span = span_of(claimed, limit);
+    let mut seen = if state.tat_us == 0 && state.frac == 0 {
+        BucketState {
+            tat_us: now_us,
+            frac: 0,
+            rate: limit.requests,
+        }
+    } else {
+        at_rate(state, limit.requests)
+    };
+    seen = later(&seen, span, limit.requests);
+    let decided = check(&mut seen, now_us, limit, hits);
+    if decided.decision.allowed && hits > 0 {
+        *state = earlier(&seen, span, limit.requests);
+    }
+    Outcome {
+        keep_for_us: summarize(state, now_us, limit, 0, true).keep_for_us,
+        ..decided
+    }
+}
+
+/// `record` beside RLQS grants that claim `claimed` tokens, in `check_claimed`'s frame: the
+/// hits are recorded on the bucket as the claims leave it, then the claims' span taken off
+/// again. A report's charge (what a gateway admitted, its claim until then) so takes the place
+/// of its claim: RLS sees the bucket move by what was admitted less what was claimed.
+pub fn record_claimed(
+    state: &mut BucketState,
+    now_us: u64,
+    limit: &Limit,
+    hits: u64,
+    claimed: u64,
+) -> Outcome {
+    let span = span_of(claimed, limit);
+    let mut seen = if state.tat_us == 0 && state.frac == 0 {
+        BucketState {
+            tat_us: now_us,
+            frac: 0,
+            rate: limit.requests,
+        }
+    } else {
+        at_rate(state, limit.requests)
+    };
+    seen = later(&seen, span, limit.requests);
+    let recorded = record(&mut seen, now_us, limit, hits);
+    *state = earlier(&seen, span, limit.requests);
+    Outcome {
+        keep_for_us: summarize(state, now_us, limit, 0, true).keep_for_us,
+        ..recorded
+    }
+}
+
 /// Records `hits` tokens that did not fit (a post-paid charge; `check` refused them): TAT moves
 /// on by their span all the same, at most `MAX_SPAN_US` ahead of now (the script's ceiling too).
 /// Answered refused, with the wait until the bucket is back within its burst.

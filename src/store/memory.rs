@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::{Answers, FactorsFuture, PingFuture, SharedFactors, Store, StoreError, StoreFuture};
 use crate::algorithm::{self, ChargeMode, Check, Decision, State};
 use crate::clock::Clock;
-use crate::store::quota::MemoryClaims;
+use crate::store::quota::{Held, MemoryClaims};
 
 const SHARDS: usize = 64;
 
@@ -93,18 +93,42 @@ impl MemoryStore {
     /// exact clock readings.
     pub fn check_at(&self, check: &Check, now_us: u64) -> Result<Decision, StoreError> {
         let mut shard = self.lock(self.shard_index(&check.key));
-        self.run_in(&mut shard, check, now_us, true)
+        self.run_in(&mut shard, check, now_us, true, Held::default())
     }
 
     /// Runs a call's checks at `now_us` as `mode` says. All or nothing holds every shard the call
     /// touches, locked in index order (so two calls never wait on each other in a circle), while
     /// it looks and then charges: no other call sees a half-charged call.
     pub fn check_all_at(&self, checks: &[Check], now_us: u64, mode: ChargeMode) -> Answers {
+        self.check_all_held(checks, &[], now_us, mode)
+    }
+
+    /// `check_all_at` with what RLQS grants hold of each check's counter (`held[i]`; none past
+    /// its end).
+    fn check_all_held(
+        &self,
+        checks: &[Check],
+        held: &[Held],
+        now_us: u64,
+        mode: ChargeMode,
+    ) -> Answers {
+        let held_of = |i: usize| held.get(i).copied().unwrap_or_default();
         match mode {
-            ChargeMode::EachAlone => checks.iter().map(|c| self.check_at(c, now_us)).collect(),
+            ChargeMode::EachAlone => checks
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut shard = self.lock(self.shard_index(&c.key));
+                    self.run_in(&mut shard, c, now_us, true, held_of(i))
+                })
+                .collect(),
             ChargeMode::Probe => checks
                 .iter()
-                .map(|c| self.run_in(&mut self.lock(self.shard_index(&c.key)), c, now_us, false))
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut shard = self.lock(self.shard_index(&c.key));
+                    self.run_in(&mut shard, c, now_us, false, held_of(i))
+                })
                 .collect(),
             ChargeMode::AllOrNothing => {
                 let mut indices: Vec<usize> =
@@ -121,7 +145,7 @@ impl MemoryStore {
                 // each other's hits, as they will when charged.
                 let mut copies: HashMap<&str, State> = HashMap::new();
                 let mut looked = Vec::with_capacity(checks.len());
-                for check in checks {
+                for (i, check) in checks.iter().enumerate() {
                     if check.refund {
                         looked.push(None);
                         continue;
@@ -131,7 +155,8 @@ impl MemoryStore {
                         Some(state) => state.clone(),
                         None => self.state_at(&guards[position(check)], check, now_us),
                     };
-                    let outcome = algorithm::run(&mut state, now_us, check, true);
+                    let outcome =
+                        algorithm::run_claimed(&mut state, now_us, check, true, held_of(i).claimed);
                     if (outcome.decision.allowed || check.post_paid) && check.hits > 0 {
                         copies.insert(key, state);
                     }
@@ -162,7 +187,8 @@ impl MemoryStore {
                 checks
                     .iter()
                     .zip(looked)
-                    .map(|(check, looked)| {
+                    .enumerate()
+                    .map(|(i, (check, looked))| {
                         // Post-paid hits were consumed whatever the call's answer.
                         let commit = all || check.refund || check.post_paid;
                         match looked {
@@ -170,7 +196,13 @@ impl MemoryStore {
                             // second of two checks on one key is refused there, not alone); the
                             // others answer as a probe would.
                             Some(decision) if !commit && !decision.allowed => Ok(decision),
-                            _ => self.run_in(&mut guards[position(check)], check, now_us, commit),
+                            _ => self.run_in(
+                                &mut guards[position(check)],
+                                check,
+                                now_us,
+                                commit,
+                                held_of(i),
+                            ),
                         }
                     })
                     .collect()
@@ -185,9 +217,16 @@ impl MemoryStore {
         check: &Check,
         now_us: u64,
         commit: bool,
+        held: Held,
     ) -> Result<Decision, StoreError> {
         let mut state = self.state_at(shard, check, now_us);
-        let outcome = algorithm::run(&mut state, now_us, check, commit);
+        let mut outcome = algorithm::run_claimed(&mut state, now_us, check, commit, held.claimed);
+        if check.limit.algorithm == algorithm::Algorithm::TokenBucket {
+            // Kept while grants claim part of it: a bucket read as full before its time would
+            // hand the gateways' refill to RLS (`token_bucket::check_claimed`).
+            let claimed_for = held.keep_until_us.saturating_sub(now_us);
+            outcome.keep_for_us = outcome.keep_for_us.max(claimed_for);
+        }
         // Only what spends or gives back changes the entry. A refusal or a call of no hits leaves
         // it exactly as it was (state and expiry), as the Redis scripts leave the key: dropping
         // or advancing it would forget spending that a clock stepping back makes count again.
@@ -301,9 +340,14 @@ impl Store for Arc<MemoryStore> {
         mode: ChargeMode,
     ) -> StoreFuture<'a> {
         let now_us = self.clock.now_us();
-        let claimed = self.claims.get().and_then(|c| c.apply(checks, now_us));
-        let checks = claimed.as_deref().unwrap_or(checks);
-        Box::pin(std::future::ready(self.check_all_at(checks, now_us, mode)))
+        let held = self
+            .claims
+            .get()
+            .and_then(|c| c.held(checks, now_us))
+            .unwrap_or_default();
+        Box::pin(std::future::ready(
+            self.check_all_held(checks, &held, now_us, mode),
+        ))
     }
 
     fn name(&self) -> &'static str {

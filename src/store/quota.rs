@@ -146,28 +146,41 @@ pub struct MemoryClaims {
 }
 
 impl MemoryClaims {
-    /// `checks` with each charge's limit less what gateways claim of its window at `now_us`;
-    /// `None` when none is held (the checks stand as they are). Refunds, post-paid charges
-    /// (recorded whatever the limit) and slots (not a rate) are left as they are.
-    pub fn apply(&self, checks: &[Check], now_us: u64) -> Option<Vec<Check>> {
-        let mut changed: Option<Vec<Check>> = None;
+    /// What gateways hold of each check's counter at `now_us` (`algorithm::run_claimed` counts
+    /// it); `None` when no check's is held. Refunds, a window's post-paid charges (recorded
+    /// whatever the limit) and slots (not a rate) count no claim; a bucket's post-paid charge is
+    /// recorded in the frame its claims are counted in.
+    pub fn held(&self, checks: &[Check], now_us: u64) -> Option<Vec<Held>> {
+        let mut held: Option<Vec<Held>> = None;
         for (i, check) in checks.iter().enumerate() {
+            let bucket = check.limit.algorithm == crate::algorithm::Algorithm::TokenBucket;
             if check.refund
-                || check.post_paid
+                || (check.post_paid && !bucket)
                 || check.limit.algorithm == crate::algorithm::Algorithm::Concurrency
             {
                 continue;
             }
-            let Some(claimed) = self.quota.claimed(&check.key, &check.limit, now_us) else {
+            let Some(found) = self.quota.held(&check.key, &check.limit, now_us) else {
                 continue;
             };
-            self.tally
-                .note(&check.key, check.hits, check.limit.per_second());
-            let all = changed.get_or_insert_with(|| checks.to_vec());
-            all[i].limit = claims::less(&check.limit, claimed);
+            // Demand is what RLS asks at its checks; a cost recorded after the fact (a
+            // report's charge among them) is not.
+            if !check.post_paid {
+                self.tally
+                    .note(&check.key, check.hits, check.limit.per_second());
+            }
+            held.get_or_insert_with(|| vec![Held::default(); checks.len()])[i] = found;
         }
-        changed
+        held
     }
+}
+
+/// What RLQS grants hold of one counter at a check: the requests they claim of its window or
+/// bucket, and until when the last of them is kept (a bucket's state is kept as long).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub claimed: u64,
+    pub keep_until_us: u64,
 }
 
 /// RLS hits on descriptors gateways hold part of, tallied between two pushes to the quota store
@@ -333,17 +346,30 @@ impl MemoryQuota {
     /// What gateways claim of `limit`'s window on `counter_key`'s descriptor at `now_us`, in
     /// whole requests (`algorithm::claims`); `None` when no gateway holds any of it.
     pub fn claimed(&self, counter_key: &str, limit: &Limit, now_us: u64) -> Option<u64> {
+        self.held(counter_key, limit, now_us).map(|h| h.claimed)
+    }
+
+    /// `claimed`, with until when the last claiming holder is kept.
+    pub fn held(&self, counter_key: &str, limit: &Limit, now_us: u64) -> Option<Held> {
         if self.keys.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let holders = table.get(descriptor_tag(counter_key))?;
+        let mut keep_until_us = 0;
         let held: Vec<Claim> = holders
             .iter()
             .filter(|h| h.keep_until_us > now_us)
-            .filter_map(Holder::claim)
+            .filter_map(|h| {
+                let claim = h.claim()?;
+                keep_until_us = keep_until_us.max(h.keep_until_us);
+                Some(claim)
+            })
             .collect();
-        (!held.is_empty()).then(|| claims::claimed(&held, limit, now_us))
+        (!held.is_empty()).then(|| Held {
+            claimed: claims::claimed(&held, limit, now_us),
+            keep_until_us,
+        })
     }
 }
 

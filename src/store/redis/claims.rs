@@ -50,7 +50,16 @@ impl RedisStore {
         if held == 0 {
             return script::decision(check, &reply, charged);
         }
-        tally.note(&check.key, check.hits, check.limit.per_second());
+        // Demand is what RLS asks at its checks; a cost recorded after the fact (a report's
+        // charge among them) is not.
+        if !check.post_paid {
+            tally.note(&check.key, check.hits, check.limit.per_second());
+        }
+        // A bucket's reply is the bucket as the claims leave it (`check_claimed`): read at its
+        // own limit.
+        if check.limit.algorithm == crate::algorithm::Algorithm::TokenBucket {
+            return script::decision(check, &reply, charged);
+        }
         let limit = crate::algorithm::claims::less(&check.limit, held - 1);
         if limit.requests == 0 {
             return Ok(zero_limit_decision(check.hits));
