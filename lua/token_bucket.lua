@@ -56,32 +56,27 @@ local function unclaimed(tat, frac, claim_q, claim_r, requests)
   return tat - claim_q - borrow, frac + borrow * requests - claim_r
 end
 
--- TAT after spending (cost_q, cost_r) from (tat, frac) at `now`.
-local function spend(tat, frac, now, cost_q, cost_r, requests)
-  local base_t, base_f = now, 0
-  if tat > now or (tat == now and frac > 0) then base_t, base_f = tat, frac end
-  local next_f = base_f + cost_r
-  local carry = 0
-  if next_f >= requests then carry = 1 end
-  return base_t + cost_q + carry, next_f - carry * requests
-end
-
 -- claim_q, claim_r: the span of what RLQS grants claim of the bucket (nil: none counted); the
 -- check is decided, spent and answered on the bucket as if they had drawn it, and the state
 -- kept without it (algorithm::token_bucket::check_claimed, record_claimed).
 local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, commit, post_paid,
     claim_q, claim_r)
   local tat, frac = s.tat, s.frac
-  local seen_t, seen_f = tat, frac
   if claim_q ~= nil then
-    seen_t, seen_f = claimed_bucket(tat, frac, now, claim_q, claim_r, requests)
+    tat, frac = claimed_bucket(tat, frac, now, claim_q, claim_r, requests)
   end
-  if cost_q < 0 then return reply(0, now, seen_t, seen_f) end
-  local next_t, next_f = spend(seen_t, seen_f, now, cost_q, cost_r, requests)
+  if cost_q < 0 then return reply(0, now, tat, frac) end
+  local base_t, base_f = now, 0
+  if tat > now or (tat == now and frac > 0) then base_t, base_f = tat, frac end
+  local next_f = base_f + cost_r
+  local carry = 0
+  if next_f >= requests then carry = 1 end
+  next_f = next_f - carry * requests
+  local next_t = base_t + cost_q + carry
   local ahead = next_t - now
   if ahead < tol_q or (ahead == tol_q and next_f <= tol_r) then
     -- Nothing spent (no hits), or only looking: nothing changes.
-    if not commit or (cost_q == 0 and cost_r == 0) then return reply(1, now, seen_t, seen_f) end
+    if not commit or (cost_q == 0 and cost_r == 0) then return reply(1, now, tat, frac) end
     if claim_q ~= nil then
       s.tat, s.frac = unclaimed(next_t, next_f, claim_q, claim_r, requests)
     else
@@ -102,7 +97,7 @@ local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, comm
     s.dirty = true
     return reply(0, now, next_t, next_f)
   end
-  return reply(0, now, seen_t, seen_f)
+  return reply(0, now, tat, frac)
 end
 
 local function bucket_flush(key, s, now, requests)
