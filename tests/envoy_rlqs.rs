@@ -418,25 +418,56 @@ async fn a_gateway_on_rlqs_and_one_on_rls_share_a_fixed_window_and_a_token_bucke
     rlqs_and_rls_share("bucket", "a token bucket").await;
 }
 
+/// One Redis, a replica serving RLQS to gateway `a` (the rate_limit_quota filter) and a replica
+/// serving RLS to gateway `b` (the ratelimit filter on `x-tenant`); everything started is stopped
+/// when it drops.
+struct Beside {
+    // Dropped in this order: the gateways first, Redis last.
+    _envoys: (envoy::Envoy, envoy::Envoy),
+    a: Gateway,
+    b: Gateway,
+    local: ServeProcess,
+    per_call: ServeProcess,
+    _rules: tempfile::TempDir,
+    _redis: common::redis::RedisServer,
+}
+
+impl Beside {
+    fn start() -> Beside {
+        let redis = common::redis::RedisServer::start();
+        let rules = rules_dir();
+        let url = redis.url();
+        let store = ["--store", "redis", "--redis-url", url.as_str()];
+        let local =
+            ServeProcess::spawn(rules.path(), &[&["--rlqs"], &store[..]].concat(), &[], &[]);
+        let per_call = ServeProcess::spawn(rules.path(), &store, &[], &[]);
+        let mut a = Gateway::new("edge", &[local.grpc_port]);
+        a.http_filters = rlqs_filter();
+        let mut b = Gateway::new("edge", &[per_call.grpc_port]);
+        b.route_rate_limits =
+            "- actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]"
+                .into();
+        // An answer that comes late must not pass as an allow.
+        b.timeout = "1s".into();
+        let envoys = (a.start(), b.start());
+        Beside {
+            a,
+            b,
+            local,
+            per_call,
+            _envoys: envoys,
+            _rules: rules,
+            _redis: redis,
+        }
+    }
+}
+
 async fn rlqs_and_rls_share(tenant: &str, rule: &str) {
-    let redis = common::redis::RedisServer::start();
-    let rules = rules_dir();
-    let url = redis.url();
-    let store = ["--store", "redis", "--redis-url", url.as_str()];
-    let local = ServeProcess::spawn(rules.path(), &[&["--rlqs"], &store[..]].concat(), &[], &[]);
-    let per_call = ServeProcess::spawn(rules.path(), &store, &[], &[]);
-    let mut a = Gateway::new("edge", &[local.grpc_port]);
-    a.http_filters = rlqs_filter();
-    let mut b = Gateway::new("edge", &[per_call.grpc_port]);
-    b.route_rate_limits =
-        "- actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]".into();
-    // An answer that comes late must not pass as an allow.
-    b.timeout = "1s".into();
-    let (_envoy_a, _envoy_b) = (a.start(), b.start());
+    let side = Beside::start();
+    let (a, b, local, per_call) = (&side.a, &side.b, &side.local, &side.per_call);
 
     let run = Duration::from_secs(20);
-    let (answers_a, answers_b) =
-        tokio::join!(offer(&a, tenant, 30, run), offer(&b, tenant, 30, run));
+    let (answers_a, answers_b) = tokio::join!(offer(a, tenant, 30, run), offer(b, tenant, 30, run));
     // Settled after two report rounds: from 12 s to 20 s.
     let (from, to) = (Duration::from_secs(12), run);
     let (got_a, sent_a) = admitted_in(&answers_a, from, to);
@@ -625,24 +656,13 @@ async fn sigterm_moves_the_stream_to_another_replica_on_a_cluster() {
 /// counters, so RLS found the minute unspent when the grant ended).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rls_and_rlqs_on_one_minute_rule_stay_within_it() {
-    let redis = common::redis::RedisServer::start();
-    let rules = rules_dir();
-    let url = redis.url();
-    let store = ["--store", "redis", "--redis-url", url.as_str()];
-    let local = ServeProcess::spawn(rules.path(), &[&["--rlqs"], &store[..]].concat(), &[], &[]);
-    let per_call = ServeProcess::spawn(rules.path(), &store, &[], &[]);
-    let mut a = Gateway::new("edge", &[local.grpc_port]);
-    a.http_filters = rlqs_filter();
-    let mut b = Gateway::new("edge", &[per_call.grpc_port]);
-    b.route_rate_limits =
-        "- actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]".into();
-    b.timeout = "1s".into();
-    let (_envoy_a, _envoy_b) = (a.start(), b.start());
+    let side = Beside::start();
+    let (a, b, local, per_call) = (&side.a, &side.b, &side.local, &side.per_call);
     let half = Duration::from_secs(30);
     let origin = Instant::now();
     // Each part's admissions, timed from the run's start.
     let mut parts = Vec::new();
-    for g in [&a, &b, &a] {
+    for g in [a, b, a] {
         let started = origin.elapsed();
         let answers = offer(g, "per-minute", 10, half).await;
         let admitted: Vec<Duration> = answers
