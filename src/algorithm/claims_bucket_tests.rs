@@ -115,12 +115,12 @@ proptest! {
     /// assignment made in the span and the fills its buckets carried in.
     #[test]
     fn rls_and_gateways_together_stay_within_the_bucket(
-        unit in 0usize..3,
+        unit in 0usize..4,
         requests in 1u64..60,
         gateways in 1usize..4,
         steps in proptest::collection::vec((0u8..8, 0u8..4, 0u32..2_000), 1..300),
     ) {
-        let window_s = [1, 60, 3600][unit];
+        let window_s = [1, 60, 3600, 86_400][unit];
         let (admissions, history) = run_bucket(window_s, requests, gateways, &steps);
         let rate = requests as f64 / window_s as f64;
         let mut fills: Vec<(u64, u64)> = history.iter().flatten().copied().collect();

@@ -278,18 +278,18 @@ fn run(window_s: u64, requests: u64, gateways: usize, steps: &[(u8, u8, u32)]) -
 }
 
 proptest! {
-    /// Over every window of the rule, on second, minute and hour windows, with RLS bursts,
+    /// Over every window of the rule, on second, minute, hour and day windows, with RLS bursts,
     /// gateway traffic, reports and streams that end interleaved at random: RLS admissions and
     /// gateway admissions together never pass the limit by more than one fill per gateway per
     /// assignment it held there.
     #[test]
     fn rls_and_gateways_together_stay_within_the_window(
-        unit in 0usize..3,
+        unit in 0usize..4,
         requests in 1u64..400,
         gateways in 1usize..4,
         steps in proptest::collection::vec((0u8..8, 0u8..4, 0u32..2_000), 1..600),
     ) {
-        let window_s = [1, 60, 3600][unit];
+        let window_s = [1, 60, 3600, 86_400][unit];
         for (admitted, allowance) in run(window_s, requests, gateways, &steps) {
             prop_assert!(admitted <= allowance, "{admitted} > {allowance}");
         }
