@@ -3,108 +3,16 @@
 //! the filter says), and enforces the token bucket it
 //! is assigned, with no call per request. Offered three times a tenant's rate, the gateway
 //! converges to the rate within a few reporting intervals; a bucket no rule limits is never
-//! refused; a gateway on RLQS and one on RLS share one budget.
+//! refused; streams move on SIGTERM and reconnect. RLQS beside RLS on one budget:
+//! tests/envoy_one_budget.rs.
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::envoy::{self, Gateway};
+use common::envoy::Gateway;
+use common::envoy_quota::{RULES, admitted_in, offer, rlqs_filter, rules_dir};
 use common::process::ServeProcess;
-
-const RULES: &str = "\
-domain: edge
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 10}
-  - key: tenant
-    value: slow
-    rate_limit: {unit: minute, requests_per_unit: 90}
-  - key: tenant
-    value: per-minute
-    rate_limit: {unit: minute, requests_per_unit: 120}
-  - key: tenant
-    value: fixed
-    rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window}
-  - key: tenant
-    value: bucket
-    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket}
-  - key: tenant
-    value: shared-*
-    share_threshold: true
-    rate_limit: {unit: second, requests_per_unit: 10}
-";
-
-/// The filter as docs/envoy.md gives it: one bucket per `x-tenant` value, allowed until the
-/// first assignment arrives. (Envoy 1.40 reports every 5 s whatever `reporting_interval` says.)
-fn rlqs_filter() -> String {
-    envoy::readme_envoy_blocks()
-        .into_iter()
-        .find(|b| b.contains("envoy.filters.http.rate_limit_quota"))
-        .expect("docs/envoy.md's RLQS filter")
-}
-
-fn rules_dir() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("edge.yaml"), RULES).expect("write rules");
-    dir
-}
-
-/// Sends `per_second` requests a second for `tenant` during `run`, paced; the time (since the
-/// start) and status of each.
-async fn offer(g: &Gateway, tenant: &str, per_second: u32, run: Duration) -> Vec<(Duration, u16)> {
-    let start = Instant::now();
-    let gap = Duration::from_secs(1) / per_second;
-    let mut out = Vec::new();
-    let total = (run.as_secs_f64() * f64::from(per_second)) as u32;
-    for i in 0..total {
-        let due = start + gap * i;
-        tokio::time::sleep_until(due.into()).await;
-        out.push((start.elapsed(), status(g, tenant).await));
-    }
-    out
-}
-
-/// One GET through the gateway for `tenant`: its status, read as soon as the response is whole
-/// (Envoy keeps the connection after a local reply; waiting for it to close would pace the load).
-async fn status(g: &Gateway, tenant: &str) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(g.ingress_addr())
-        .await
-        .expect("connect");
-    let request = format!("GET / HTTP/1.1\r\nHost: gateway\r\nx-tenant: {tenant}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut raw = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let read = async {
-        loop {
-            let n = stream.read(&mut chunk).await.expect("read");
-            assert!(n > 0, "closed before a whole response: {raw:?}");
-            raw.extend_from_slice(&chunk[..n]);
-            let text = String::from_utf8_lossy(&raw);
-            if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                let length = head
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().parse::<usize>().unwrap_or(0))
-                    })
-                    .unwrap_or(0);
-                if body.len() >= length {
-                    return head
-                        .split(' ')
-                        .nth(1)
-                        .and_then(|s| s.parse().ok())
-                        .expect("a status");
-                }
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), read)
-        .await
-        .expect("an answer within 5 s")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_offered_three_times_the_rate_converges_to_it() {
@@ -321,16 +229,6 @@ async fn eleven_gateways_on_ten_a_second_admit_at_least_nine() {
     assert!(got <= 100 + 2 * 11, "{got} admitted in 10 s at 10/s");
 }
 
-/// Admitted answers among `answers` whose time falls in `from..to`.
-fn admitted_in(answers: &[(Duration, u16)], from: Duration, to: Duration) -> (usize, usize) {
-    let window: Vec<u16> = answers
-        .iter()
-        .filter(|(at, _)| *at >= from && *at < to)
-        .map(|(_, s)| *s)
-        .collect();
-    (window.iter().filter(|s| **s == 200).count(), window.len())
-}
-
 /// Two gateways, each on its own Portcullis replica, both replicas on one Redis: loaded together
 /// they share the rule's rate (each a fair part, together within the rate and the stated
 /// error); when one goes idle, the other gets the whole rate.
@@ -399,96 +297,6 @@ async fn two_gateways_on_two_replicas_share_one_cluster_budget() {
     let cluster = common::redis::RedisCluster::start();
     let seeds = cluster.seeds().join(",");
     two_gateways_share_one_budget(&["--store", "redis", "--redis-cluster", &seeds]).await;
-}
-
-/// RLS and RLQS on one descriptor: a gateway enforcing locally (RLQS, replica one) and a gateway
-/// calling per request (the ratelimit filter, replica two), both on one Redis, both offered three
-/// times the rate. The second's calls count what the first's grant claims, the first's reports
-/// charge what it admitted, and the second's demand shrinks the first's share: together within
-/// the rate and one bucket, each a fair part.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_on_rlqs_and_one_on_rls_share_one_budget() {
-    rlqs_and_rls_share("shared", "a sliding second").await;
-}
-
-/// The same on a fixed window and on a token bucket (each 10 a second).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_on_rlqs_and_one_on_rls_share_a_fixed_window_and_a_token_bucket() {
-    rlqs_and_rls_share("fixed", "a fixed second").await;
-    rlqs_and_rls_share("bucket", "a token bucket").await;
-}
-
-/// One Redis, a replica serving RLQS to gateway `a` (the rate_limit_quota filter) and a replica
-/// serving RLS to gateway `b` (the ratelimit filter on `x-tenant`); everything started is stopped
-/// when it drops.
-struct Beside {
-    // Dropped in this order: the gateways first, Redis last.
-    _envoys: (envoy::Envoy, envoy::Envoy),
-    a: Gateway,
-    b: Gateway,
-    local: ServeProcess,
-    per_call: ServeProcess,
-    _rules: tempfile::TempDir,
-    _redis: common::redis::RedisServer,
-}
-
-impl Beside {
-    fn start() -> Beside {
-        let redis = common::redis::RedisServer::start();
-        let rules = rules_dir();
-        let url = redis.url();
-        let store = ["--store", "redis", "--redis-url", url.as_str()];
-        let local =
-            ServeProcess::spawn(rules.path(), &[&["--rlqs"], &store[..]].concat(), &[], &[]);
-        let per_call = ServeProcess::spawn(rules.path(), &store, &[], &[]);
-        let mut a = Gateway::new("edge", &[local.grpc_port]);
-        a.http_filters = rlqs_filter();
-        let mut b = Gateway::new("edge", &[per_call.grpc_port]);
-        b.route_rate_limits =
-            "- actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]"
-                .into();
-        // An answer that comes late must not pass as an allow.
-        b.timeout = "1s".into();
-        let envoys = (a.start(), b.start());
-        Beside {
-            a,
-            b,
-            local,
-            per_call,
-            _envoys: envoys,
-            _rules: rules,
-            _redis: redis,
-        }
-    }
-}
-
-async fn rlqs_and_rls_share(tenant: &str, rule: &str) {
-    let side = Beside::start();
-    let (a, b, local, per_call) = (&side.a, &side.b, &side.local, &side.per_call);
-
-    let run = Duration::from_secs(20);
-    let (answers_a, answers_b) = tokio::join!(offer(a, tenant, 30, run), offer(b, tenant, 30, run));
-    // Settled after two report rounds: from 12 s to 20 s.
-    let (from, to) = (Duration::from_secs(12), run);
-    let (got_a, sent_a) = admitted_in(&answers_a, from, to);
-    let (got_b, sent_b) = admitted_in(&answers_b, from, to);
-    let seconds = (to - from).as_secs_f64();
-    eprintln!(
-        "RLQS gateway + RLS gateway on one Redis, both offered 30/s against 10/s ({rule}) for {seconds} s: {got_a} + {got_b} admitted of {sent_a} + {sent_b}"
-    );
-    // Within the rate, plus one bucket of the gateway's (a second of the rate at most).
-    let most = (10.0 * seconds) as usize + 10;
-    assert!(
-        got_a + got_b <= most,
-        "{rule}: {got_a} + {got_b} > {most}\n{}\n{}",
-        local.log(),
-        per_call.log()
-    );
-    let fair = (10.0 * seconds / 2.0 * 0.6) as usize;
-    assert!(
-        got_a >= fair && got_b >= fair,
-        "{rule}: {got_a} (RLQS) and {got_b} (RLS): each at least {fair}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -645,65 +453,4 @@ async fn sigterm_moves_the_stream_to_another_replica_on_a_cluster() {
     let cluster = common::redis::RedisCluster::start();
     let seeds = cluster.seeds().join(",");
     sigterm_moves_the_stream(&["--store", "redis", "--redis-cluster", &seeds]).await;
-}
-
-/// Issue 29's one budget, on a minute, over every 60 s: a gateway on RLQS offered 10/s for 30 s
-/// on a 120/minute rule (sliding), then RLS calls through a second replica at 10/s for 30 s,
-/// then the gateway again for 30 s (its grant must wait for the minute's room as the first
-/// part's admissions leave it). Over every 60 s of the run the two together admit at most the
-/// rule's 120 and a bucketful of the gateway's (2 a second, a bucket of 2) per assignment
-/// change. Before: 182 within the first minute (what the gateway admitted never reached the
-/// counters, so RLS found the minute unspent when the grant ended).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rls_and_rlqs_on_one_minute_rule_stay_within_it() {
-    let side = Beside::start();
-    let (a, b, local, per_call) = (&side.a, &side.b, &side.local, &side.per_call);
-    let half = Duration::from_secs(30);
-    let origin = Instant::now();
-    // Each part's admissions, timed from the run's start.
-    let mut parts = Vec::new();
-    for g in [a, b, a] {
-        let started = origin.elapsed();
-        let answers = offer(g, "per-minute", 10, half).await;
-        let admitted: Vec<Duration> = answers
-            .iter()
-            .filter(|(_, s)| *s == 200)
-            .map(|(t, _)| started + *t)
-            .collect();
-        parts.push(admitted);
-    }
-    let counts: Vec<usize> = parts.iter().map(Vec::len).collect();
-    eprintln!(
-        "a 120/minute rule: {} through RLQS, then {} through RLS, then {} through RLQS",
-        counts[0], counts[1], counts[2]
-    );
-    let all: Vec<Duration> = parts.concat();
-    let minute = Duration::from_secs(60);
-    let busiest = all
-        .iter()
-        .map(|&end| {
-            all.iter()
-                .filter(|&&t| t <= end && t + minute > end)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
-    eprintln!("the busiest 60 s admitted {busiest}");
-    assert!(
-        busiest <= 126,
-        "{busiest} admitted within 60 s > 120 and three buckets ({counts:?})\n{}\n{}",
-        local.log(),
-        per_call.log()
-    );
-    assert!(
-        counts[0] >= 40,
-        "the RLQS gateway admitted {} in 30 s of 2/s",
-        counts[0]
-    );
-    // Once the first part's admissions leave the minute, the gateway has its rate back.
-    assert!(
-        counts[2] >= 16,
-        "the RLQS gateway admitted {} in its second 30 s",
-        counts[2]
-    );
 }

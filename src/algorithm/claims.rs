@@ -2,10 +2,12 @@
 //! second from `since_us` (its last report: what it admitted before is charged into the
 //! counter) until `ends_us` may admit that rate over that span, so an RLS check counts the part
 //! of the span that can fall in the windows its own hit will count in. Pure, and mirrored by
-//! `lua/claims.lua` (same operations, same order, so the doubles agree).
+//! `lua/claims.lua` (same operations, same order, so the doubles agree); `apply_claimed` and
+//! `charge_post_paid_claimed` run a check with the claims counted (a window's limit lowered, a
+//! bucket read as drawn), as `lua/check.lua` does.
 //! It must never claim less than a gateway at its rate can admit inside the window.
 
-use super::{Algorithm, Limit};
+use super::{Algorithm, Limit, Outcome, State, apply, charge_post_paid, token_bucket};
 
 /// One holder's standing, as a check sees it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,6 +78,54 @@ pub fn less(limit: &Limit, claimed: u64) -> Limit {
         requests,
         burst: limit.burst.min(requests),
         ..*limit
+    }
+}
+
+/// `apply` for an RLS check beside RLQS grants that claim `claimed` requests of its window or
+/// bucket (`claims`): a window's limit loses them; a bucket is decided as if the gateways had
+/// drawn them (`token_bucket::check_claimed`).
+pub fn apply_claimed(
+    state: &mut State,
+    now_us: u64,
+    limit: &Limit,
+    hits: u64,
+    claimed: u64,
+) -> Outcome {
+    match (limit.algorithm, &mut *state) {
+        (_, _) if claimed == 0 => apply(state, now_us, limit, hits),
+        (Algorithm::TokenBucket, State::Bucket(s)) if limit.requests > 0 => {
+            token_bucket::check_claimed(s, now_us, limit, hits, claimed)
+        }
+        (Algorithm::TokenBucket, State::Bucket(_)) => apply(state, now_us, limit, hits),
+        (Algorithm::TokenBucket, _) => {
+            *state = State::empty(Algorithm::TokenBucket);
+            apply_claimed(state, now_us, limit, hits, claimed)
+        }
+        _ => apply(state, now_us, &less(limit, claimed), hits),
+    }
+}
+
+/// `charge_post_paid` beside RLQS grants that claim `claimed` requests: a bucket's charge is
+/// recorded in the frame its claims are counted in (`token_bucket::record_claimed`); a window's
+/// as it is.
+pub fn charge_post_paid_claimed(
+    state: &mut State,
+    now_us: u64,
+    limit: &Limit,
+    hits: u64,
+    claimed: u64,
+) -> Outcome {
+    if claimed == 0 || limit.algorithm != Algorithm::TokenBucket || limit.requests == 0 {
+        return charge_post_paid(state, now_us, limit, hits);
+    }
+    let hits = hits.min(u64::from(u32::MAX));
+    let outcome = apply_claimed(state, now_us, limit, hits, claimed);
+    if outcome.decision.allowed || hits == 0 {
+        return outcome;
+    }
+    match state {
+        State::Bucket(s) => token_bucket::record_claimed(s, now_us, limit, hits, claimed),
+        _ => outcome,
     }
 }
 

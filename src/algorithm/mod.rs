@@ -8,6 +8,7 @@
 //! here, so the numbers Envoy sees come from this code whichever store counts.
 
 pub mod claims;
+pub use claims::{apply_claimed, charge_post_paid_claimed};
 pub mod concurrency;
 pub mod fixed_window;
 pub mod key;
@@ -218,30 +219,6 @@ pub fn apply(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcom
     }
 }
 
-/// `apply` for an RLS check beside RLQS grants that claim `claimed` requests of its window or
-/// bucket (`claims`): a window's limit loses them; a bucket is decided as if the gateways had
-/// drawn them (`token_bucket::check_claimed`).
-pub fn apply_claimed(
-    state: &mut State,
-    now_us: u64,
-    limit: &Limit,
-    hits: u64,
-    claimed: u64,
-) -> Outcome {
-    match (limit.algorithm, &mut *state) {
-        (_, _) if claimed == 0 => apply(state, now_us, limit, hits),
-        (Algorithm::TokenBucket, State::Bucket(s)) if limit.requests > 0 => {
-            token_bucket::check_claimed(s, now_us, limit, hits, claimed)
-        }
-        (Algorithm::TokenBucket, State::Bucket(_)) => apply(state, now_us, limit, hits),
-        (Algorithm::TokenBucket, _) => {
-            *state = State::empty(Algorithm::TokenBucket);
-            apply_claimed(state, now_us, limit, hits, claimed)
-        }
-        _ => apply(state, now_us, &claims::less(limit, claimed), hits),
-    }
-}
-
 /// Gives `hits` back to `state`: never below empty, never more than was spent. The decision is
 /// always allowed, with what can be spent now.
 pub fn refund(state: &mut State, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
@@ -286,30 +263,6 @@ pub fn charge_post_paid(state: &mut State, now_us: u64, limit: &Limit, hits: u64
         State::Fixed(s) => fixed_window::record(s, now_us, limit, hits),
         // Slots are not a cost consumed: a charge that does not fit takes none.
         State::Leases(_) => outcome,
-    }
-}
-
-/// `charge_post_paid` beside RLQS grants that claim `claimed` requests: a bucket's charge is
-/// recorded in the frame its claims are counted in (`token_bucket::record_claimed`); a window's
-/// as it is.
-pub fn charge_post_paid_claimed(
-    state: &mut State,
-    now_us: u64,
-    limit: &Limit,
-    hits: u64,
-    claimed: u64,
-) -> Outcome {
-    if claimed == 0 || limit.algorithm != Algorithm::TokenBucket || limit.requests == 0 {
-        return charge_post_paid(state, now_us, limit, hits);
-    }
-    let hits = hits.min(u64::from(u32::MAX));
-    let outcome = apply_claimed(state, now_us, limit, hits, claimed);
-    if outcome.decision.allowed || hits == 0 {
-        return outcome;
-    }
-    match state {
-        State::Bucket(s) => token_bucket::record_claimed(s, now_us, limit, hits, claimed),
-        _ => outcome,
     }
 }
 

@@ -213,6 +213,7 @@ pub fn clear_of_hour_boundary() {
 pub mod balancer;
 pub mod cli;
 pub mod envoy;
+pub mod envoy_quota;
 pub mod process;
 pub mod proxy;
 pub mod redis;
