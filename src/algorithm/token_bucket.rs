@@ -122,6 +122,21 @@ fn earlier(state: &BucketState, span: Span, requests: u64) -> BucketState {
     }
 }
 
+/// The bucket as if the claims' `span` had been drawn from it: a bucket with no state (never
+/// charged, expired, refunded full) is taken as just full at `now_us`.
+fn as_drawn(state: &BucketState, now_us: u64, limit: &Limit, span: Span) -> BucketState {
+    let known = if state.tat_us == 0 && state.frac == 0 {
+        BucketState {
+            tat_us: now_us,
+            frac: 0,
+            rate: limit.requests,
+        }
+    } else {
+        at_rate(state, limit.requests)
+    };
+    later(&known, span, limit.requests)
+}
+
 /// `check` for an RLS call beside RLQS grants that claim `claimed` tokens (what the gateways
 /// may have drawn since their last reports, not yet charged): decided on the bucket as if they
 /// had drawn them, `max(TAT + their span, now)`. What RLS spends is kept in the same frame (the
@@ -137,16 +152,7 @@ pub fn check_claimed(
     claimed: u64,
 ) -> Outcome {
     let span = span_of(claimed, limit);
-    let mut seen = if state.tat_us == 0 && state.frac == 0 {
-        BucketState {
-            tat_us: now_us,
-            frac: 0,
-            rate: limit.requests,
-        }
-    } else {
-        at_rate(state, limit.requests)
-    };
-    seen = later(&seen, span, limit.requests);
+    let mut seen = as_drawn(state, now_us, limit, span);
     let decided = check(&mut seen, now_us, limit, hits);
     if decided.decision.allowed && hits > 0 {
         *state = earlier(&seen, span, limit.requests);
@@ -169,16 +175,7 @@ pub fn record_claimed(
     claimed: u64,
 ) -> Outcome {
     let span = span_of(claimed, limit);
-    let mut seen = if state.tat_us == 0 && state.frac == 0 {
-        BucketState {
-            tat_us: now_us,
-            frac: 0,
-            rate: limit.requests,
-        }
-    } else {
-        at_rate(state, limit.requests)
-    };
-    seen = later(&seen, span, limit.requests);
+    let mut seen = as_drawn(state, now_us, limit, span);
     let recorded = record(&mut seen, now_us, limit, hits);
     *state = earlier(&seen, span, limit.requests);
     Outcome {
