@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 
-use super::tests::{Gateway, S, carried_at, end_stream, limit};
+use super::tests::{Gateway, S, carried_at, end_stream, held_by_others, limit};
 use super::*;
 use crate::algorithm::{State, apply_claimed, charge_post_paid_claimed};
 
@@ -56,51 +56,21 @@ fn run_bucket(
                 }
             }
             2 => {
-                let gate = &mut gw[g];
-                gate.refill(now);
-                while now < gate.claim.ends_us && gate.tokens >= 1.0 {
-                    gate.tokens -= 1.0;
-                    gate.unreported += 1;
-                    admissions.push(now);
-                }
+                let admitted = gw[g].admit_all(now);
+                admissions.extend(std::iter::repeat_n(now, admitted));
             }
             _ => {
-                let gate = &mut gw[g];
-                let past = Claim {
-                    ends_us: now.min(gate.claim.ends_us),
-                    ..gate.claim
-                };
-                let cap = claim(&past, &l, now);
-                let charge = gate
-                    .unreported
-                    .min((cap - EPSILON).ceil().max(0.0) as u64 + gate.fill.ceil() as u64);
+                let charge = gw[g].report_charge(&l, now);
                 if charge > 0 {
                     // Recorded while every claim stands, the reporter's own too (the store
                     // starts its claim again after).
                     let claimed = claimed(&claims, &l, now);
                     charge_post_paid_claimed(&mut bucket, now, &l, charge, claimed);
                 }
-                gate.unreported = 0;
-                let held: f64 = gw
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, o)| *i != g && o.claim.ends_us > now)
-                    .map(|(_, o)| o.claim.rate)
-                    .sum();
+                let held = held_by_others(&gw, g, now);
                 let granted = (rate / gateways as f64).min(rate - held).max(0.0);
-                let gate = &mut gw[g];
-                gate.refill(now);
-                let changed = granted != gate.claim.rate || now >= gate.claim.ends_us;
-                gate.claim = Claim {
-                    rate: granted,
-                    since_us: now,
-                    ends_us: now + ttl,
-                };
-                if changed {
-                    gate.fill = granted.max(if granted > 0.0 { 1.0 } else { 0.0 });
-                    gate.tokens = gate.fill;
-                    gate.at_us = now;
-                    history[g].push((now, gate.fill.ceil() as u64));
+                if let Some(fill) = gw[g].assign(granted, now, now + ttl) {
+                    history[g].push((now, fill));
                 }
             }
         }

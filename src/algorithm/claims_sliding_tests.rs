@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 
-use super::tests::{Gateway, S, carried_at, end_stream, limit};
+use super::tests::{Gateway, S, carried_at, end_stream, held_by_others, limit};
 use super::*;
 
 /// The same design on a sliding window, its counter an exact log of admissions: RLS admits when
@@ -62,54 +62,24 @@ fn run_sliding(
                 }
             }
             2 => {
-                let gate = &mut gw[g];
-                gate.refill(now);
-                while now < gate.claim.ends_us && gate.tokens >= 1.0 {
-                    gate.tokens -= 1.0;
-                    gate.unreported += 1;
-                    admissions.push(now);
-                }
+                let admitted = gw[g].admit_all(now);
+                admissions.extend(std::iter::repeat_n(now, admitted));
             }
             _ => {
-                let gate = &mut gw[g];
-                let past = Claim {
-                    ends_us: now.min(gate.claim.ends_us),
-                    ..gate.claim
-                };
-                let cap = claim(&past, &l, now);
-                let charge = gate
-                    .unreported
-                    .min((cap - EPSILON).ceil().max(0.0) as u64 + gate.fill.ceil() as u64);
+                let charge = gw[g].report_charge(&l, now);
                 if charge > 0 {
                     counter.push((now, charge));
                 }
-                gate.unreported = 0;
                 let ends = now + ttl;
                 let span = ((ends - now).min(w)) as f64 / 1e6;
                 let taken = in_window(&counter, now) + claimed(&claims_of(&gw, Some(g)), &l, now);
                 let room = requests.saturating_sub(taken) as f64;
-                let held: f64 = gw
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, o)| *i != g && o.claim.ends_us > now)
-                    .map(|(_, o)| o.claim.rate)
-                    .sum();
+                let held = held_by_others(&gw, g, now);
                 let fair = (rate / gateways as f64).min(rate - held).max(0.0);
                 let granted = fair.min(room / span);
-                let gate = &mut gw[g];
-                gate.refill(now);
-                let changed = granted != gate.claim.rate || now >= gate.claim.ends_us;
-                gate.claim = Claim {
-                    rate: granted,
-                    since_us: now,
-                    ends_us: ends,
-                };
-                if changed {
-                    gate.fill = granted.max(if granted > 0.0 { 1.0 } else { 0.0 });
-                    gate.tokens = gate.fill;
-                    gate.at_us = now;
-                    fills.push((now, gate.fill.ceil() as u64));
-                    history[g].push((now, gate.fill.ceil() as u64));
+                if let Some(fill) = gw[g].assign(granted, now, ends) {
+                    fills.push((now, fill));
+                    history[g].push((now, fill));
                 }
             }
         }

@@ -124,6 +124,63 @@ impl Gateway {
         self.tokens = (self.tokens + self.claim.rate * dt as f64 / 1e6).min(self.fill);
         self.at_us = now;
     }
+
+    /// Its traffic at `now`: it admits all its bucket holds while its assignment lasts. Returns
+    /// how many it admitted.
+    pub(super) fn admit_all(&mut self, now: u64) -> usize {
+        self.refill(now);
+        let mut admitted = 0;
+        while now < self.claim.ends_us && self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            self.unreported += 1;
+            admitted += 1;
+        }
+        admitted
+    }
+
+    /// What its report at `now` charges into `l`: what it admitted since its last report, at
+    /// most its claim there and its fill (`service::quota::charge::charges`).
+    pub(super) fn report_charge(&mut self, l: &Limit, now: u64) -> u64 {
+        let past = Claim {
+            ends_us: now.min(self.claim.ends_us),
+            ..self.claim
+        };
+        let cap = claim(&past, l, now);
+        let charge = self
+            .unreported
+            .min((cap - EPSILON).ceil().max(0.0) as u64 + self.fill.ceil() as u64);
+        self.unreported = 0;
+        charge
+    }
+
+    /// Granted `granted` a second at `now` until `ends_us`; its claim starts again from now.
+    /// Envoy starts a new, full bucket when the assignment changed or the last one had ended:
+    /// then the new bucket's fill.
+    pub(super) fn assign(&mut self, granted: f64, now: u64, ends_us: u64) -> Option<u64> {
+        self.refill(now);
+        let changed = granted != self.claim.rate || now >= self.claim.ends_us;
+        self.claim = Claim {
+            rate: granted,
+            since_us: now,
+            ends_us,
+        };
+        if !changed {
+            return None;
+        }
+        self.fill = granted.max(if granted > 0.0 { 1.0 } else { 0.0 });
+        self.tokens = self.fill;
+        self.at_us = now;
+        Some(self.fill.ceil() as u64)
+    }
+}
+
+/// The rate the gateways other than `me` hold at `now`.
+pub(super) fn held_by_others(gw: &[Gateway], me: usize, now: u64) -> f64 {
+    gw.iter()
+        .enumerate()
+        .filter(|(i, o)| *i != me && o.claim.ends_us > now)
+        .map(|(_, o)| o.claim.rate)
+        .sum()
 }
 
 /// Gateway `gate`'s stream ends at `now` (a drain, a closed connection): its grant ends, its
@@ -208,56 +265,22 @@ fn run(window_s: u64, requests: u64, gateways: usize, steps: &[(u8, u8, u32)]) -
                 }
             }
             // Gateway g's traffic: it admits all its bucket holds, while its assignment lasts.
-            2 => {
-                let gate = &mut gw[g];
-                gate.refill(now);
-                while now < gate.claim.ends_us && gate.tokens >= 1.0 {
-                    gate.tokens -= 1.0;
-                    gate.unreported += 1;
-                    *admitted.entry(win).or_default() += 1;
-                }
-            }
+            2 => *admitted.entry(win).or_default() += gw[g].admit_all(now) as u64,
             // A report of gateway g: charge, then grant within the room.
             _ => {
-                let gate = &mut gw[g];
-                let since_in_window = Claim {
-                    ends_us: now.min(gate.claim.ends_us),
-                    ..gate.claim
-                };
-                let cap = claim(&since_in_window, &l, now);
-                let charge = gate
-                    .unreported
-                    .min((cap - EPSILON).ceil().max(0.0) as u64 + gate.fill.ceil() as u64);
-                *count.entry(win).or_default() += charge;
-                gate.unreported = 0;
+                *count.entry(win).or_default() += gw[g].report_charge(&l, now);
                 let ends = now + ttl;
                 let window_end = (win + 1) * w;
                 let span_here = (ends.min(window_end) - now) as f64 / 1e6;
                 let other_claims = others(&gw, Some(g));
                 let taken = count[&win] + claimed(&other_claims, &l, now);
                 let room = requests.saturating_sub(taken) as f64;
-                let held: f64 = gw
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, o)| *i != g && o.claim.ends_us > now)
-                    .map(|(_, o)| o.claim.rate)
-                    .sum();
+                let held = held_by_others(&gw, g, now);
                 let fair = (rate / gateways as f64).min(rate - held).max(0.0);
                 let granted = fair.min(room / span_here);
-                let gate = &mut gw[g];
-                gate.refill(now);
-                let changed = granted != gate.claim.rate || now >= gate.claim.ends_us;
-                gate.claim = Claim {
-                    rate: granted,
-                    since_us: now,
-                    ends_us: ends,
-                };
-                if changed {
-                    gate.fill = (granted).max(if granted > 0.0 { 1.0 } else { 0.0 });
-                    gate.tokens = gate.fill;
-                    gate.at_us = now;
-                    *allowance.entry(win).or_default() += gate.fill.ceil() as u64;
-                    history[g].push((now, gate.fill.ceil() as u64));
+                if let Some(fill) = gw[g].assign(granted, now, ends) {
+                    *allowance.entry(win).or_default() += fill;
+                    history[g].push((now, fill));
                 }
             }
         }
