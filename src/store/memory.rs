@@ -114,20 +114,14 @@ impl MemoryStore {
     ) -> Answers {
         let held_of = |i: usize| held.get(i).copied().unwrap_or_default();
         match mode {
-            ChargeMode::EachAlone => checks
+            // Each check alone: charged (`EachAlone`) or only looked at (`Probe`).
+            ChargeMode::EachAlone | ChargeMode::Probe => checks
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
                     let mut shard = self.lock(self.shard_index(&c.key));
-                    self.run_in(&mut shard, c, now_us, true, held_of(i))
-                })
-                .collect(),
-            ChargeMode::Probe => checks
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let mut shard = self.lock(self.shard_index(&c.key));
-                    self.run_in(&mut shard, c, now_us, false, held_of(i))
+                    let commit = mode == ChargeMode::EachAlone;
+                    self.run_in(&mut shard, c, now_us, commit, held_of(i))
                 })
                 .collect(),
             ChargeMode::AllOrNothing => {

@@ -75,8 +75,7 @@ impl Inner {
         let demands = asks_demand(&asks);
         // Bounded as the buckets are (a reload may move a bucket to another descriptor).
         state.ttl = ttl;
-        let mut refused = vec![false; holds.len()];
-        for (h, refused) in holds.iter().zip(&mut refused) {
+        for h in &mut holds {
             let known = state.asks.contains_key(&h.ask.key);
             if !known {
                 if state.asks.len() >= 2 * self.config.max_buckets_per_stream {
@@ -84,7 +83,7 @@ impl Inner {
                 }
                 // Kept in the push registry only with its ask: the stream's end releases both.
                 if !self.pushes.hold(state.stream, &h.ask.key) {
-                    *refused = true;
+                    h.refused = true;
                     continue;
                 }
             }
@@ -104,7 +103,7 @@ impl Inner {
             h.ask.charged = c.charged;
             h.ask.rooms = c.rooms;
         }
-        let grants = self.grant_unless_refused(&holds, &refused, gateway).await;
+        let grants = self.grant_unless_refused(&holds, gateway).await;
         let ends_us = now_us.saturating_add(ttl_us);
 
         // Each reported bucket's part (or why there is none); quiet buckets' new parts.
@@ -267,10 +266,9 @@ impl Inner {
     async fn grant_unless_refused(
         &self,
         holds: &[hold::Hold],
-        refused: &[bool],
         gateway: u64,
     ) -> Vec<Result<Option<Tokens>, StoreError>> {
-        let count = refused.iter().filter(|r| **r).count();
+        let count = holds.iter().filter(|h| h.refused).count();
         if count > 0 {
             self.metrics.quota.holds_refused.inc_by(count as u64);
         }
@@ -288,15 +286,14 @@ impl Inner {
         }
         let asks: Vec<Ask> = holds
             .iter()
-            .zip(refused)
-            .filter(|(_, r)| !**r)
-            .map(|(h, _)| h.ask.clone())
+            .filter(|h| !h.refused)
+            .map(|h| h.ask.clone())
             .collect();
         let mut granted = self.grant(asks, gateway).await.into_iter();
-        refused
+        holds
             .iter()
-            .map(|r| {
-                if *r {
+            .map(|h| {
+                if h.refused {
                     Ok(None)
                 } else {
                     granted.next().unwrap_or(Ok(None))

@@ -158,7 +158,8 @@ impl Inner {
             let Some(first) = of else { continue };
             let last = granted.get(&hold.ask.key);
             let added = charges(layers[first], admitted, last, now_us);
-            for layer in layers[first] {
+            // A refused hold is granted nothing: its windows' room is not read.
+            for layer in layers[first].iter().filter(|_| !hold.refused) {
                 let hits = added
                     .iter()
                     .find(|c| c.key == layer.key)

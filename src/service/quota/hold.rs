@@ -21,6 +21,9 @@ pub(super) enum Member {
 pub(super) struct Hold {
     pub ask: Ask,
     pub members: Vec<(Member, f64)>,
+    /// Not granted: this replica's streams hold as many of its descriptor's holder slots as
+    /// one replica may (its admissions are charged all the same).
+    pub refused: bool,
 }
 
 /// The holds of one report: one per descriptor its buckets meet (`asks[i]` is the ask of
@@ -43,6 +46,7 @@ pub(super) fn holds(asks: &[Option<(Ask, &BucketKey)>], buckets: &Buckets) -> Ve
                 holds.push(Hold {
                     ask: ask.clone(),
                     members: vec![(Member::Reported(i), ask.demand)],
+                    refused: false,
                 });
             }
         }
