@@ -73,3 +73,40 @@ async fn a_quiet_gateway_bursts_at_most_the_rule_and_one_bucket_in_a_second() {
         portcullis.log()
     );
 }
+
+/// `--rlqs-burst 200ms`: the bucket holds a fifth of a second of the share (2 tokens at 10/s),
+/// so the same quiet spell and bursts stay within the rule's second (2 + 2 measured), at the
+/// price of the bursts themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_burst_keeps_a_quiet_gateway_within_the_second() {
+    let rules = rules_dir();
+    let portcullis =
+        ServeProcess::spawn(rules.path(), &["--rlqs", "--rlqs-burst", "200ms"], &[], &[]);
+    let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
+    g.http_filters = rlqs_filter();
+    let envoy = g.start();
+
+    let settle = offer(&g, "acme", 30, Duration::from_secs(7)).await;
+    assert!(
+        settle.iter().any(|(_, s)| *s == 429),
+        "the gateway enforces a grant: {settle:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let start = Instant::now();
+    let first = burst(&g, "acme", 30).await;
+    tokio::time::sleep_until((start + Duration::from_millis(900)).into()).await;
+    let second = burst(&g, "acme", 30).await;
+    let took = start.elapsed();
+    eprintln!(
+        "a quiet gateway on 10/s, --rlqs-burst 200ms: {first} admitted at once, {second} 0.9 s later ({took:?} in all)"
+    );
+    // Each burst at most the bucket (2) and what refilled while it was answered.
+    assert!(
+        first + second <= 10,
+        "{first} + {second} admitted in {took:?} of a 10/s rule with a bucket of 2\n{}\n{}",
+        portcullis.log(),
+        envoy.log()
+    );
+    assert!(first >= 1, "the bucket passes part of a burst: {first}");
+}

@@ -379,3 +379,17 @@ fn a_redis_outage_logs_only_what_is_promised() {
         assert!(!said.contains("scaling"), "go mode {go_mode}:\n{said}");
     }
 }
+
+/// `--rlqs-burst` (the share a gateway's bucket holds) is checked at start: out of range, or
+/// set without `--rlqs`, it is refused naming it.
+#[test]
+fn an_rlqs_burst_that_cannot_take_effect_is_refused_naming_it() {
+    let rules = dir_with(&[("r.yaml", RULES)]);
+    let config = s(rules.path());
+    let (code, out) = portcullis(&["serve", "--config", config, "--rlqs", "--rlqs-burst", "0s"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("--rlqs-burst 0ns must be between"), "{out}");
+    let (code, out) = portcullis(&["serve", "--config", config, "--rlqs-burst", "200ms"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("--rlqs-burst set, but --rlqs is off"), "{out}");
+}

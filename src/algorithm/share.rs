@@ -79,8 +79,8 @@ pub fn fair_shares(capacity: f64, demands: &[f64]) -> Vec<f64> {
 
 /// The grant `quantize` can express: `per_fill` tokens every `every_s` whole seconds (Envoy keeps
 /// whole seconds of a fill interval, and fills at `per_fill / every_s` a second, continuously),
-/// rounded down so that rounding never over-admits. The bucket Envoy is sent holds a second of
-/// the share, at least one token (`burst`).
+/// rounded down so that rounding never over-admits. The bucket Envoy is sent holds a span of
+/// the share (`--rlqs-burst`, a second by default), at least one token (`burst`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tokens {
     pub per_fill: u32,
@@ -92,13 +92,18 @@ impl Tokens {
         f64::from(self.per_fill) / f64::from(self.every_s)
     }
 
-    /// What the bucket holds: a second of the share, and at least two tokens where a fill
-    /// brings two or more (never more than a fill). A bucket of one token loses what it would
-    /// gain while a full token waits for the next request: eleven gateways on 10/s, granted 9
-    /// every 10 s each, admitted 8.6/s together on a quiet machine and 7.9/s under load, where
-    /// a bucket of two admits the 9.9/s granted.
-    pub fn burst(self) -> u32 {
-        (self.per_fill / self.every_s).max(self.per_fill.min(2))
+    /// What the bucket holds: `span` of the share (rounded down), and at least two tokens where
+    /// a fill brings two or more (never more than a fill). A bucket of one token loses what it
+    /// would gain while a full token waits for the next request: eleven gateways on 10/s,
+    /// granted 9 every 10 s each, admitted 8.6/s together on a quiet machine and 7.9/s under
+    /// load, where a bucket of two admits the 9.9/s granted. A quiet gateway admits its bucket
+    /// at once and the refill after it: on a window rule, the bucket is what a gateway may
+    /// admit past the rule in a window (docs/envoy.md).
+    pub fn burst(self, span: std::time::Duration) -> u32 {
+        let held = u128::from(self.per_fill) * span.as_millis() / (u128::from(self.every_s) * 1000);
+        u32::try_from(held)
+            .unwrap_or(u32::MAX)
+            .max(self.per_fill.min(2))
     }
 }
 

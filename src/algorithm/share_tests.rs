@@ -45,7 +45,7 @@ fn quantized_grants_round_down_to_what_envoy_can_enforce() {
             every_s: 10
         })
     );
-    assert_eq!(quantize(10.0).map(Tokens::burst), Some(10));
+    assert_eq!(quantize(10.0).map(|t| t.burst(SECOND)), Some(10));
     // 5 a minute: one every 12 s.
     assert_eq!(
         quantize(5.0 / 60.0),
@@ -78,12 +78,41 @@ fn quantized_grants_round_down_to_what_envoy_can_enforce() {
     assert_eq!(quantize(1.0 / 86_400.0), t(1, 86_400));
     assert_eq!(quantize(0.0), None);
     assert_eq!(quantize(1.0 / 100_000.0), None);
-    assert_eq!(t(9, 10).unwrap().burst(), 2);
-    assert_eq!(t(25, 10).unwrap().burst(), 2);
-    assert_eq!(t(35, 10).unwrap().burst(), 3);
+    assert_eq!(t(9, 10).unwrap().burst(SECOND), 2);
+    assert_eq!(t(25, 10).unwrap().burst(SECOND), 2);
+    assert_eq!(t(35, 10).unwrap().burst(SECOND), 3);
     // One token a fill: one (a one-a-day share never lets two through).
-    assert_eq!(t(1, 86_400).unwrap().burst(), 1);
-    assert_eq!(t(1, 1).unwrap().burst(), 1);
+    assert_eq!(t(1, 86_400).unwrap().burst(SECOND), 1);
+    assert_eq!(t(1, 1).unwrap().burst(SECOND), 1);
+}
+
+const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `--rlqs-burst`: the bucket holds that span of the share, rounded down, at least two tokens
+/// where a fill brings two.
+#[test]
+fn the_bucket_holds_the_burst_span_of_the_share() {
+    let ms = std::time::Duration::from_millis;
+    let ten = Tokens {
+        per_fill: 10,
+        every_s: 1,
+    };
+    assert_eq!(ten.burst(ms(200)), 2);
+    assert_eq!(ten.burst(ms(2000)), 20);
+    assert_eq!(ten.burst(ms(10)), 2);
+    let hundred = Tokens {
+        per_fill: 1000,
+        every_s: 10,
+    };
+    assert_eq!(hundred.burst(ms(100)), 10);
+    assert_eq!(hundred.burst(ms(250)), 25);
+    // 9 every 10 s: 0.9 a second, two tokens however short the span.
+    let nine = Tokens {
+        per_fill: 9,
+        every_s: 10,
+    };
+    assert_eq!(nine.burst(ms(100)), 2);
+    assert_eq!(nine.burst(std::time::Duration::from_secs(10)), 9);
 }
 
 #[test]

@@ -220,6 +220,7 @@ pub(super) fn quota_config(settings: &Settings) -> QuotaConfig {
         max_string_bytes: settings.max_string_bytes,
         failure_mode: settings.failure_mode,
         store_timeout: settings.rlqs.rlqs_store_timeout,
+        burst: settings.rlqs.rlqs_burst,
         push_every: (!settings.rlqs.rlqs_push_interval.is_zero())
             .then_some(settings.rlqs.rlqs_push_interval),
     }

@@ -117,6 +117,7 @@ impl Inner {
                     last,
                     *tokens,
                     h.members.len(),
+                    self.config.burst,
                     h.ask.charged,
                     now_us,
                     ends_us,
@@ -351,7 +352,7 @@ impl Inner {
             Some(part) => {
                 self.count_kind("token_bucket");
                 let part = report::steady(sent_before, part);
-                (token_bucket(id, part, ttl), Some(part))
+                (token_bucket(id, part, self.config.burst, ttl), Some(part))
             }
             None => {
                 self.count_kind("deny_all");

@@ -75,13 +75,14 @@ pub(super) fn charges(
         .collect()
 }
 
-/// `last` after a grant of `tokens` until `ends_us` to `buckets` buckets, made at `now_us`:
-/// started again when the admissions before were charged, else kept from its start at the
-/// highest rate and burst.
+/// `last` after a grant of `tokens` until `ends_us` to `buckets` buckets of `burst`
+/// (`--rlqs-burst`), made at `now_us`: started again when the admissions before were charged,
+/// else kept from its start at the highest rate and burst.
 pub(super) fn after_grant(
     last: Option<Granted>,
     tokens: Option<Tokens>,
     buckets: usize,
+    burst: std::time::Duration,
     charged: bool,
     now_us: u64,
     ends_us: u64,
@@ -89,7 +90,7 @@ pub(super) fn after_grant(
     let rate = tokens.map_or(0.0, Tokens::per_second);
     // Each bucket's part holds at most the hold's burst (`hold::split` never grows a part
     // past the share).
-    let burst = tokens.map_or(0, |t| u64::from(t.burst())) * buckets as u64;
+    let burst = tokens.map_or(0, |t| u64::from(t.burst(burst))) * buckets as u64;
     match last {
         Some(g) if !charged && g.rate > 0.0 => Granted {
             rate: g.rate.max(rate),
@@ -293,6 +294,8 @@ mod tests {
         assert!(charges(&[layer(Algorithm::FixedWindow, 10, 1)], 0, None, now).is_empty());
     }
 
+    const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
     #[test]
     fn a_claim_starts_again_only_once_charged() {
         let t = |n| {
@@ -301,12 +304,15 @@ mod tests {
                 every_s: 1,
             })
         };
-        let g = after_grant(None, t(4), 2, false, 10, 20);
+        let g = after_grant(None, t(4), 2, SECOND, false, 10, 20);
         assert_eq!((g.rate, g.since_us, g.ends_us, g.burst), (4.0, 10, 20, 8));
-        let kept = after_grant(Some(g), t(2), 2, false, 15, 25);
+        let kept = after_grant(Some(g), t(2), 2, SECOND, false, 15, 25);
         assert_eq!((kept.rate, kept.since_us, kept.ends_us), (4.0, 10, 25));
         assert_eq!(kept.burst, 8);
-        let again = after_grant(Some(kept), t(2), 1, true, 18, 28);
+        let again = after_grant(Some(kept), t(2), 1, SECOND, true, 18, 28);
         assert_eq!((again.rate, again.since_us, again.burst), (2.0, 18, 2));
+        // The burst charged past the claim is the bucket Envoy was sent (`--rlqs-burst`).
+        let short = std::time::Duration::from_millis(200);
+        assert_eq!(after_grant(None, t(10), 2, short, false, 10, 20).burst, 4);
     }
 }

@@ -60,6 +60,8 @@ pub struct QuotaConfig {
     pub store_timeout: Duration,
     /// How often contested descriptors are read for pushes (`None`: no pushes).
     pub push_every: Option<Duration>,
+    /// How much of its share a gateway's token bucket holds (`--rlqs-burst`).
+    pub burst: Duration,
 }
 
 impl Default for QuotaConfig {
@@ -76,6 +78,7 @@ impl Default for QuotaConfig {
             failure_mode: FailureMode::Allow,
             store_timeout: Duration::from_millis(500),
             push_every: Some(push::EVERY),
+            burst: Duration::from_secs(1),
         }
     }
 }

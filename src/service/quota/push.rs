@@ -188,7 +188,15 @@ impl super::Inner {
         let last = state.granted.get(key).copied();
         state.granted.insert(
             key.to_owned(),
-            super::charge::after_grant(last, grant, members.len(), false, now_us, ends_us),
+            super::charge::after_grant(
+                last,
+                grant,
+                members.len(),
+                self.config.burst,
+                false,
+                now_us,
+                ends_us,
+            ),
         );
         let demands: Vec<f64> = members.iter().map(|m| m.1).collect();
         let parts = hold::split(grant, &demands);

@@ -208,12 +208,17 @@ pub(super) fn deny_all(id: BucketId, ttl: Duration) -> BucketAction {
     )
 }
 
-/// A grant as Envoy enforces it: a token bucket that holds `Tokens::burst` (a second of the
+/// A grant as Envoy enforces it: a token bucket that holds `Tokens::burst` (`burst` of the
 /// share, at least two tokens where a fill brings two) and refills `per_fill` every `every_s`
 /// seconds.
-pub(super) fn token_bucket(id: BucketId, grant: Tokens, ttl: Duration) -> BucketAction {
+pub(super) fn token_bucket(
+    id: BucketId,
+    grant: Tokens,
+    burst: Duration,
+    ttl: Duration,
+) -> BucketAction {
     let bucket = TokenBucket {
-        max_tokens: grant.burst(),
+        max_tokens: grant.burst(burst),
         tokens_per_fill: Some(grant.per_fill),
         // Envoy 1.40 keeps whole seconds of the interval, but tells two buckets apart by the
         // interval's nanoseconds only: these nanoseconds (a few µs at most, dropped by Envoy)
