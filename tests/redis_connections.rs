@@ -67,10 +67,23 @@ async fn a_handshake_slower_than_the_call_deadline_still_connects() {
         n += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Once connected, calls are decided by Redis within their 20 ms.
-    let r = server.ok(request("c", &[&[("k", "after")]])).await;
-    assert_eq!(r.statuses[0].limit_remaining, 4);
-    assert!(counted(redis.port, "after"));
+    // Once connected, calls are decided by Redis within their 20 ms. A loaded machine may miss
+    // one such deadline (the failure mode answers it, remaining 0: seen in CI), so each try
+    // takes a new key until one is answered by Redis, within a bound.
+    let start = Instant::now();
+    for n in 0.. {
+        let key = format!("after-{n}");
+        let r = server.ok(request("c", &[&[("k", &key)]])).await;
+        if r.statuses[0].limit_remaining == 4 {
+            assert!(counted(redis.port, &key));
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no call decided by Redis after connecting: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     server.stop().await;
 }
 
