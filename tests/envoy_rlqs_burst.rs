@@ -29,19 +29,29 @@ async fn burst(g: &Gateway, tenant: &'static str, n: usize) -> usize {
     admitted
 }
 
-/// One gateway alone on 10 a second (a sliding second), settled on its grant (10/s, a bucket of
-/// 10), quiet for two seconds, then 30 requests at once and 30 more 0.9 s later: the first
-/// burst gets the bucket, the second what refilled in 0.9 s: 10 + 9 measured, 1.9 times the rule
-/// within one second (the sliding window itself, on RLS, admits 10).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quiet_gateway_bursts_at_most_the_rule_and_one_bucket_in_a_second() {
+/// What one run saw: the two bursts, how long they took, and the processes (for their logs).
+struct Run {
+    first: usize,
+    second: usize,
+    took: Duration,
+    portcullis: ServeProcess,
+    envoy: common::envoy::Envoy,
+    _rules: tempfile::TempDir,
+}
+
+/// One gateway alone on 10 a second (a sliding second) with `flags` past `--rlqs`, settled on
+/// its grant (past the first periodic report, 5 s), quiet for two seconds, then 30 requests at
+/// once and 30 more 0.9 s later.
+async fn quiet_then_bursts(flags: &[&str]) -> Run {
     let rules = rules_dir();
-    let portcullis = ServeProcess::spawn(rules.path(), &["--rlqs"], &[], &[]);
+    let args: Vec<&str> = std::iter::once("--rlqs")
+        .chain(flags.iter().copied())
+        .collect();
+    let portcullis = ServeProcess::spawn(rules.path(), &args, &[], &[]);
     let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
     g.http_filters = rlqs_filter();
     let envoy = g.start();
 
-    // Past the first periodic report (5 s): the grant is the whole rate.
     let settle = offer(&g, "acme", 30, Duration::from_secs(7)).await;
     assert!(
         settle.iter().any(|(_, s)| *s == 429),
@@ -55,8 +65,31 @@ async fn a_quiet_gateway_bursts_at_most_the_rule_and_one_bucket_in_a_second() {
     let second = burst(&g, "acme", 30).await;
     let took = start.elapsed();
     eprintln!(
-        "a quiet gateway on 10/s: {first} admitted at once, {second} 0.9 s later ({took:?} in all)"
+        "a quiet gateway on 10/s {flags:?}: {first} admitted at once, {second} 0.9 s later ({took:?} in all)"
     );
+    Run {
+        first,
+        second,
+        took,
+        portcullis,
+        envoy,
+        _rules: rules,
+    }
+}
+
+/// With the default bucket (a second of the share: 10), the first burst gets the bucket, the
+/// second what refilled in 0.9 s: 10 + 9 measured, 1.9 times the rule within one second (the
+/// sliding window itself, on RLS, admits 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_gateway_bursts_at_most_the_rule_and_one_bucket_in_a_second() {
+    let Run {
+        first,
+        second,
+        took,
+        portcullis,
+        envoy,
+        _rules: _kept,
+    } = quiet_then_bursts(&[]).await;
     // The bucket and what refilled over the span (about 0.9 s: at most the rule and one
     // bucket within a second; a loaded machine that took longer refilled more).
     let most = 10 + (10.0 * took.as_secs_f64()).ceil() as usize;
@@ -79,28 +112,14 @@ async fn a_quiet_gateway_bursts_at_most_the_rule_and_one_bucket_in_a_second() {
 /// price of the bursts themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shorter_burst_keeps_a_quiet_gateway_within_the_second() {
-    let rules = rules_dir();
-    let portcullis =
-        ServeProcess::spawn(rules.path(), &["--rlqs", "--rlqs-burst", "200ms"], &[], &[]);
-    let mut g = Gateway::new("edge", &[portcullis.grpc_port]);
-    g.http_filters = rlqs_filter();
-    let envoy = g.start();
-
-    let settle = offer(&g, "acme", 30, Duration::from_secs(7)).await;
-    assert!(
-        settle.iter().any(|(_, s)| *s == 429),
-        "the gateway enforces a grant: {settle:?}"
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-
-    let start = Instant::now();
-    let first = burst(&g, "acme", 30).await;
-    tokio::time::sleep_until((start + Duration::from_millis(900)).into()).await;
-    let second = burst(&g, "acme", 30).await;
-    let took = start.elapsed();
-    eprintln!(
-        "a quiet gateway on 10/s, --rlqs-burst 200ms: {first} admitted at once, {second} 0.9 s later ({took:?} in all)"
-    );
+    let Run {
+        first,
+        second,
+        took,
+        portcullis,
+        envoy,
+        _rules: _kept,
+    } = quiet_then_bursts(&["--rlqs-burst", "200ms"]).await;
     // Each burst at most the bucket (2) and what refilled while it was answered.
     assert!(
         first + second <= 10,

@@ -93,7 +93,8 @@ impl Tokens {
     }
 
     /// What the bucket holds: `span` of the share (rounded down), and at least two tokens where
-    /// a fill brings two or more (never more than a fill). A bucket of one token loses what it
+    /// a fill brings two or more (the floor never exceeds a fill; a `span` past the fill
+    /// interval holds more than one). A bucket of one token loses what it
     /// would gain while a full token waits for the next request: eleven gateways on 10/s,
     /// granted 9 every 10 s each, admitted 8.6/s together on a quiet machine and 7.9/s under
     /// load, where a bucket of two admits the 9.9/s granted. A quiet gateway admits its bucket
