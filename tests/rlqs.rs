@@ -82,7 +82,7 @@ async fn a_bucket_gets_a_token_bucket_of_its_rules_rate() {
         words,
         [
             // 10 a second: ten tokens a second, a bucket of one second.
-            "tokens 10/1s max 10 ttl 3s",
+            "tokens 10/1s max 2 ttl 3s",
             // 6 a minute: one every 10 s.
             "tokens 1/10s max 1 ttl 3s",
             // Unlimited, shadow mode, no rule: never denied.
@@ -125,7 +125,7 @@ async fn two_gateways_share_a_rule_and_never_hold_more_than_its_rate() {
     // One alone, busy: the whole rate.
     assert_eq!(
         grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     // Two arrives while one holds it all: nothing yet.
     assert_eq!(
@@ -135,11 +135,11 @@ async fn two_gateways_share_a_rule_and_never_hold_more_than_its_rate() {
     // One reports again: its fair half; then two grows into the other half.
     assert_eq!(
         grant(one.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 5/1s max 5 ttl 3s"
+        "tokens 5/1s max 2 ttl 3s"
     );
     assert_eq!(
         grant(two.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 5/1s max 5 ttl 3s"
+        "tokens 5/1s max 2 ttl 3s"
     );
     // One goes idle: its share goes to the busy one (max-min fair: nobody leaves any over).
     assert_eq!(
@@ -148,7 +148,7 @@ async fn two_gateways_share_a_rule_and_never_hold_more_than_its_rate() {
     );
     assert_eq!(
         grant(two.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     // Two stops reporting: once its grant has expired (3 s on the store's clock) and what it
     // may have admitted has left the second's window, one gets it all.
@@ -160,7 +160,7 @@ async fn two_gateways_share_a_rule_and_never_hold_more_than_its_rate() {
     server.clock.advance_us(1_000_000);
     assert_eq!(
         grant(one.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     server.stop().await;
 }
@@ -221,7 +221,7 @@ async fn a_gateway_short_of_its_part_gets_it_by_pushes_within_a_second() {
     let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
     assert_eq!(
         grant(first.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     assert_eq!(
         grant(second.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
@@ -231,7 +231,7 @@ async fn a_gateway_short_of_its_part_gets_it_by_pushes_within_a_second() {
     let shrunk = first.pushed(Duration::from_millis(1500)).await;
     assert_eq!(
         shrunk.map(grant).as_deref(),
-        Some("tokens 5/1s max 5 ttl 3s"),
+        Some("tokens 5/1s max 2 ttl 3s"),
         "the first is pushed its smaller grant"
     );
     let mut grown = None;
@@ -241,7 +241,7 @@ async fn a_gateway_short_of_its_part_gets_it_by_pushes_within_a_second() {
             break;
         }
     }
-    assert_eq!(grown.as_deref(), Some("tokens 5/1s max 5 ttl 3s"));
+    assert_eq!(grown.as_deref(), Some("tokens 5/1s max 2 ttl 3s"));
     let admin = server.running.as_ref().unwrap().admin_addr.port();
     let (_, metrics) = common::http(admin, "GET", "/metrics", "").await;
     assert!(
@@ -263,7 +263,7 @@ async fn a_stream_that_ends_frees_its_share_at_once() {
     let mut old = Gateway::open(&server).await;
     assert_eq!(
         grant(old.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     drop(old);
     await_streams(admin, 0).await;
@@ -271,7 +271,7 @@ async fn a_stream_that_ends_frees_its_share_at_once() {
     let mut new = Gateway::open(&server).await;
     assert_eq!(
         grant(new.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     server.stop().await;
 }
@@ -288,7 +288,7 @@ async fn a_named_gateway_keeps_its_holds_across_streams() {
     let mut first = Gateway::open_named(&server, "gateway-7").await;
     assert_eq!(
         grant(first.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     drop(first);
     await_streams(admin, 0).await;
@@ -301,7 +301,7 @@ async fn a_named_gateway_keeps_its_holds_across_streams() {
     // Its fair half now that the other asks too: from its own holder, nothing held twice.
     assert_eq!(
         grant(again.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 5/1s max 5 ttl 3s"
+        "tokens 5/1s max 2 ttl 3s"
     );
     server.stop().await;
 }
@@ -337,18 +337,18 @@ async fn buckets_on_one_shared_counter_split_one_share() {
             .await
             .unwrap(),
     );
-    assert_eq!(got["/api/a"], "tokens 10/1s max 10 ttl 3s");
-    assert_eq!(got["/api/b"], "tokens 10/1s max 10 ttl 3s");
+    assert_eq!(got["/api/a"], "tokens 10/1s max 2 ttl 3s");
+    assert_eq!(got["/api/b"], "tokens 10/1s max 2 ttl 3s");
     // A report of one of them: its part of the one share, the other keeps its own.
     let got = by_api(&gateway.report("edge", &[(a, 10, 50)]).await.unwrap());
     assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(got["/api/a"], "tokens 10/1s max 10 ttl 3s");
+    assert_eq!(got["/api/a"], "tokens 10/1s max 2 ttl 3s");
     // A third path, reported alone as Envoy reports a new bucket (at its first request): new,
     // it is taken to want the whole rate, so it gets an equal third, and the busy buckets are
     // sent their smaller thirds in the same answer.
     let got = by_api(&gateway.report("edge", &[(c, 1, 0)]).await.unwrap());
     assert_eq!(got.len(), 3, "{got:?}");
-    assert_eq!(got["/api/c"], "tokens 400/60s max 6 ttl 3s");
+    assert_eq!(got["/api/c"], "tokens 400/60s max 2 ttl 3s");
     let total: f64 = got.values().map(|w| tokens_per_second(w)).sum();
     assert!(total <= 20.0 + 1e-9, "{got:?}");
     assert!(total >= 19.0, "the share is handed out: {got:?}");
@@ -389,7 +389,7 @@ async fn a_client_reporting_every_second_to_the_nanosecond_is_read_as_it_reports
     let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
     assert_eq!(
         grant(client.send(first).await.unwrap()),
-        "tokens 10/1s max 10 ttl 11s"
+        "tokens 10/1s max 2 ttl 11s"
     );
     let mut busy = Gateway::open(&server).await;
     assert_eq!(
@@ -399,7 +399,7 @@ async fn a_client_reporting_every_second_to_the_nanosecond_is_read_as_it_reports
     // 9 a second against the busy one's 30: half each (max-min fair), no domain named.
     assert_eq!(
         grant(client.send(usage(9, 999_999_999)).await.unwrap()),
-        "tokens 5/1s max 5 ttl 11s"
+        "tokens 5/1s max 2 ttl 11s"
     );
     server.stop().await;
 }
@@ -579,7 +579,7 @@ async fn rls_counts_against_what_gateways_hold_and_gets_a_fair_part() {
     // The busy gateway alone holds the whole 10 a second: nothing is left for RLS.
     assert_eq!(
         grant(gateway.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     for _ in 0..8 {
         let answer = server.ok(call()).await;
@@ -626,7 +626,7 @@ async fn rls_counts_against_what_gateways_hold_and_gets_a_fair_part() {
     server.clock.advance_us(3_100_000);
     assert_eq!(
         grant(gateway.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     server.stop().await;
 }
@@ -703,7 +703,7 @@ async fn rlqs_is_served_over_tls() {
         .report("edge", &[(&[("tenant", "a")], 1, 0)])
         .await
         .unwrap();
-    assert_eq!(assigned(&actions[0]), "tokens 10/1s max 10 ttl 3s");
+    assert_eq!(assigned(&actions[0]), "tokens 10/1s max 2 ttl 3s");
     server.stop().await;
 }
 
@@ -718,7 +718,7 @@ async fn a_share_that_grows_a_little_keeps_the_gateways_bucket() {
     let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
     assert_eq!(
         grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     // The second asks for one a second (its first report, new, is taken to want it all): the
     // first shrinks to nine, the second gets one.
@@ -730,7 +730,7 @@ async fn a_share_that_grows_a_little_keeps_the_gateways_bucket() {
     }
     assert_eq!(
         grant(one.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 9/1s max 9 ttl 3s"
+        "tokens 9/1s max 2 ttl 3s"
     );
     assert_eq!(
         grant(two.report("edge", &[(tenant, 0, 1)]).await.unwrap()),
@@ -740,7 +740,7 @@ async fn a_share_that_grows_a_little_keeps_the_gateways_bucket() {
     server.clock.advance_us(3_000_001);
     assert_eq!(
         grant(one.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 9/1s max 9 ttl 3s"
+        "tokens 9/1s max 2 ttl 3s"
     );
     server.stop().await;
 }
@@ -879,7 +879,7 @@ descriptors:
         .await
         .unwrap();
     let words: Vec<String> = actions.iter().map(assigned).collect();
-    assert_eq!(words, ["allow_all ttl 3s", "tokens 10/1s max 10 ttl 3s"]);
+    assert_eq!(words, ["allow_all ttl 3s", "tokens 10/1s max 2 ttl 3s"]);
     server.stop().await;
 }
 

@@ -66,6 +66,7 @@ async fn grants_match_the_model(
                     kind,
                     charged: rng.random_bool(0.7),
                     window_us: 60_000_000,
+                    shortest_us: 1_000_000,
                     rooms: (0..rng.random_range(0..3))
                         .map(|_| Room {
                             limit: Limit {
@@ -172,7 +173,7 @@ async fn two_replicas_share_one_rule(a: &TestServer, b: &TestServer) {
     let grant = |actions: Vec<portcullis::pb::rlqs::BucketAction>| assigned(&actions[0]);
     assert_eq!(
         grant(one.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     // Through the other replica: the first gateway's grant is seen, nothing is left yet.
     assert_eq!(
@@ -181,11 +182,11 @@ async fn two_replicas_share_one_rule(a: &TestServer, b: &TestServer) {
     );
     assert_eq!(
         grant(one.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 5/1s max 5 ttl 3s"
+        "tokens 5/1s max 2 ttl 3s"
     );
     assert_eq!(
         grant(two.report("edge", &[(tenant, 0, 30)]).await.unwrap()),
-        "tokens 5/1s max 5 ttl 3s"
+        "tokens 5/1s max 2 ttl 3s"
     );
     // The first gateway stops reporting: once its grant has expired on Redis' clock, the second
     // grows into (nine tenths of) the whole rate as the first's claim leaves the window (bounded wait: the grant
@@ -336,14 +337,14 @@ async fn a_newcomer_on_one_replica_shrinks_a_holder_on_the_other(a: &TestServer,
     let mut two = Gateway::open(b).await;
     assert_eq!(
         assigned(&one.report("edge", &[(tenant, 30, 0)]).await.unwrap()[0]),
-        "tokens 10/1s max 10 ttl 3s"
+        "tokens 10/1s max 2 ttl 3s"
     );
     assert_eq!(
         assigned(&two.report("edge", &[(tenant, 30, 0)]).await.unwrap()[0]),
         "deny_all ttl 3s"
     );
     let shrunk = one.pushed(Duration::from_secs(2)).await.expect("a push");
-    assert_eq!(assigned(&shrunk[0]), "tokens 5/1s max 5 ttl 3s");
+    assert_eq!(assigned(&shrunk[0]), "tokens 5/1s max 2 ttl 3s");
     let mut grown = None;
     for _ in 0..10 {
         if let Some(actions) = two.pushed(Duration::from_millis(300)).await {
@@ -351,7 +352,7 @@ async fn a_newcomer_on_one_replica_shrinks_a_holder_on_the_other(a: &TestServer,
             break;
         }
     }
-    assert_eq!(grown.as_deref(), Some("tokens 5/1s max 5 ttl 3s"));
+    assert_eq!(grown.as_deref(), Some("tokens 5/1s max 2 ttl 3s"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +394,7 @@ async fn with_redis_down_the_failure_mode_assigns() {
     let modes = [
         (FailureMode::Allow, "allow_all ttl 2s"),
         (FailureMode::Deny, "deny_all ttl 2s"),
-        (FailureMode::Local, "tokens 10/1s max 10 ttl 3s"),
+        (FailureMode::Local, "tokens 10/1s max 2 ttl 3s"),
     ];
     let mut servers = Vec::new();
     for (mode, _) in &modes {
@@ -485,7 +486,7 @@ async fn a_large_report_under_a_slow_redis_is_answered_from_the_store() {
     eprintln!("{largest} buckets answered in {:?}", started.elapsed());
     assert_eq!(actions.len(), largest);
     for action in &actions {
-        assert_eq!(assigned(action), "tokens 10/1s max 10 ttl 3s");
+        assert_eq!(assigned(action), "tokens 10/1s max 2 ttl 3s");
     }
     // In script calls of at most 200 asks (about 1,800 arguments each, nine per ask; one call
     // of 500 buckets was about 3,000 at five): none holds Redis for long.

@@ -80,7 +80,8 @@ pub fn fair_shares(capacity: f64, demands: &[f64]) -> Vec<f64> {
 /// The grant `quantize` can express: `per_fill` tokens every `every_s` whole seconds (Envoy keeps
 /// whole seconds of a fill interval, and fills at `per_fill / every_s` a second, continuously),
 /// rounded down so that rounding never over-admits. The bucket Envoy is sent holds a span of
-/// the share (`--rlqs-burst`, a second by default), at least one token (`burst`).
+/// the share (`burst_span`: `--rlqs-burst`, or a tenth of the rule's shortest window, at most a
+/// second), at least one token (`burst`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tokens {
     pub per_fill: u32,
@@ -106,6 +107,23 @@ impl Tokens {
             .unwrap_or(u32::MAX)
             .max(self.per_fill.min(2))
     }
+}
+
+/// The span of its share a gateway's bucket holds on a rule whose shortest window is
+/// `shortest_us`: `configured` (`--rlqs-burst`) when set, else a tenth of that window, at most a
+/// second. A quiet gateway admits its bucket past the rule in a window: by default at most a
+/// tenth of its part of the rule's shortest window (and the two-token floor), never twice its
+/// share within a second as a second's bucket on a second's rule would; on a minute or longer,
+/// a second of the share, a sixtieth of the window or less.
+pub fn burst_span(
+    configured: Option<std::time::Duration>,
+    shortest_us: u64,
+) -> std::time::Duration {
+    const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+    configured.unwrap_or_else(|| match shortest_us {
+        0 => SECOND,
+        w => std::time::Duration::from_micros(w / 10).min(SECOND),
+    })
 }
 
 /// Below this, two computations of one rate (here and in `lua/quota.lua`, summed in other

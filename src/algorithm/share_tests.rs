@@ -238,3 +238,25 @@ proptest! {
         }
     }
 }
+
+/// Unset, the bucket holds a tenth of the rule's shortest window, at most a second: a quiet
+/// gateway passes at most a tenth of its part of a second's rule past it (100 ms: 10 of a
+/// 100/s share), and a second of its share on a minute's or longer; set, what was set.
+#[test]
+fn the_burst_span_is_sized_by_the_rules_shortest_window_unless_set() {
+    let ms = std::time::Duration::from_millis;
+    let (second, minute, hour) = (1_000_000, 60_000_000, 3_600_000_000);
+    assert_eq!(burst_span(None, second), ms(100));
+    assert_eq!(burst_span(None, minute), SECOND);
+    assert_eq!(burst_span(None, hour), SECOND);
+    // No window known (a rule without one): a second, as before the default was sized.
+    assert_eq!(burst_span(None, 0), SECOND);
+    assert_eq!(burst_span(Some(SECOND), second), SECOND);
+    assert_eq!(burst_span(Some(ms(5)), hour), ms(5));
+    let hundred = Tokens {
+        per_fill: 100,
+        every_s: 1,
+    };
+    assert_eq!(hundred.burst(burst_span(None, second)), 10);
+    assert_eq!(hundred.burst(burst_span(None, minute)), 100);
+}

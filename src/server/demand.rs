@@ -70,6 +70,7 @@ impl Keeper {
                 kind: AskKind::Demand,
                 charged: false,
                 window_us: 0,
+                shortest_us: 0,
                 rooms: Vec::new(),
             })
             .collect();

@@ -31,12 +31,13 @@ pub struct RlqsSettings {
     #[arg(long, env = "PORTCULLIS_RLQS_PUSH_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
     pub rlqs_push_interval: Duration,
     /// How much of its share the token bucket a gateway is sent holds (Envoy's max_tokens: the
-    /// share times this, at least two tokens where a fill brings two). A quiet gateway admits
-    /// its bucket at once and the refill after it: on a window rule, up to this much of its
-    /// share past the rule in a window (on a second's rule, at 1s, twice its share within a
-    /// second). Shorter keeps short windows closer to the rule and refuses bursts past it.
-    #[arg(long, env = "PORTCULLIS_RLQS_BURST", default_value = "1s", value_parser = parse_duration)]
-    pub rlqs_burst: Duration,
+    /// share times this, at least two tokens where a fill brings two). Unset: a tenth of the
+    /// rule's shortest window, at most a second (100ms on a second's rule, 1s on a minute's). A
+    /// quiet gateway admits its bucket at once and the refill after it: past the rule in a
+    /// window, by up to this much of its share. Longer serves bigger bursts (1s on a second's
+    /// rule lets up to twice a gateway's share through within a second).
+    #[arg(long, env = "PORTCULLIS_RLQS_BURST", value_parser = parse_duration)]
+    pub rlqs_burst: Option<Duration>,
     /// RLQS streams open at once (one per gateway and worker set); more are refused.
     #[arg(long, env = "PORTCULLIS_RLQS_MAX_STREAMS", default_value_t = 1024)]
     pub rlqs_max_streams: usize,

@@ -186,12 +186,14 @@ impl Settings {
             Duration::from_millis(1),
             Duration::from_secs(60),
         );
-        duration(
-            "--rlqs-burst",
-            self.rlqs.rlqs_burst,
-            Duration::from_millis(1),
-            Duration::from_secs(3600),
-        );
+        if let Some(burst) = self.rlqs.rlqs_burst {
+            duration(
+                "--rlqs-burst",
+                burst,
+                Duration::from_millis(1),
+                Duration::from_secs(3600),
+            );
+        }
         if !self.rlqs.rlqs_push_interval.is_zero() {
             duration(
                 "--rlqs-push-interval",

@@ -58,6 +58,9 @@ pub struct Ask {
     pub charged: bool,
     /// The rule's longest window: how long an ended grant still claims.
     pub window_us: u64,
+    /// The rule's shortest window: what sizes the bucket a gateway is sent by default
+    /// (`algorithm::share::burst_span`); the store does not read it.
+    pub shortest_us: u64,
     /// What the rule's windows have left (`share::Room`; none: no bound).
     pub rooms: Vec<share::Room>,
 }

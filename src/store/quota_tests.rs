@@ -11,6 +11,7 @@ fn ask(key: &str, gateway: u64, demand: f64) -> Ask {
         kind: AskKind::Grant,
         charged: true,
         window_us: 60_000_000,
+        shortest_us: 60_000_000,
         rooms: Vec::new(),
     }
 }

@@ -143,7 +143,7 @@ pub fn bucket(entries: &[(&str, &str)]) -> BucketId {
     }
 }
 
-/// What an action assigns, in words: `tokens 10/1s max 10 ttl 3s`, `allow_all`, `deny_all`,
+/// What an action assigns, in words: `tokens 10/1s max 2 ttl 3s`, `allow_all`, `deny_all`,
 /// `abandon`.
 pub fn assigned(action: &BucketAction) -> String {
     match action.bucket_action.as_ref().expect("an action") {

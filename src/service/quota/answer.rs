@@ -117,7 +117,7 @@ impl Inner {
                     last,
                     *tokens,
                     h.members.len(),
-                    self.config.burst,
+                    self.burst_span(&h.ask),
                     h.ask.charged,
                     now_us,
                     ends_us,
@@ -163,7 +163,10 @@ impl Inner {
                     self.count_kind("allow_all");
                     (allow_all(p.id, ttl), None)
                 }
-                Some(Ok(part)) => self.assign(p.id, sent_before, part, ttl),
+                Some(Ok(part)) => {
+                    let span = p.ask.as_ref().map(|a| self.burst_span(a));
+                    self.assign(p.id, sent_before, part, span, ttl)
+                }
                 Some(Err(error)) => (self.failed(p.id, &error, gateway), None),
             };
             changes.push((
@@ -201,6 +204,9 @@ impl Inner {
         part: Option<Tokens>,
         ttl: Duration,
     ) -> Option<(BucketAction, (BucketKey, Option<super::Assigned>))> {
+        let span = (state.buckets.get(&key)?.counter.as_ref())
+            .and_then(|c| state.asks.get(c))
+            .map(|a| self.burst_span(a));
         let bucket = state.buckets.get_mut(&key)?;
         let kept = part.map(|p| report::steady(bucket.sent, p));
         if kept == bucket.sent {
@@ -209,7 +215,7 @@ impl Inner {
         let id = BucketId {
             bucket: key.iter().cloned().collect(),
         };
-        let (action, sent) = self.assign(id, bucket.sent, part, ttl);
+        let (action, sent) = self.assign(id, bucket.sent, part, span, ttl);
         bucket.sent = sent;
         let assigned = report::describe(&key, bucket.rule.clone(), &action);
         Some((action, (key, Some(assigned))))
@@ -339,20 +345,29 @@ impl Inner {
         grants
     }
 
-    /// A bucket's part as an action: a token bucket (kept as sent when a little smaller), or
-    /// DENY_ALL for none. Returns the action and the tokens sent.
+    /// How much of its share a gateway's bucket on `ask`'s rule holds (`--rlqs-burst`, else
+    /// sized by the rule's shortest window).
+    pub(super) fn burst_span(&self, ask: &Ask) -> Duration {
+        crate::algorithm::share::burst_span(self.config.burst, ask.shortest_us)
+    }
+
+    /// A bucket's part as an action: a token bucket (kept as sent when a little smaller) holding
+    /// `span` of it (none known: a second), or DENY_ALL for none. Returns the action and the
+    /// tokens sent.
     pub(super) fn assign(
         &self,
         id: BucketId,
         sent_before: Option<Tokens>,
         part: Option<Tokens>,
+        span: Option<Duration>,
         ttl: Duration,
     ) -> (BucketAction, Option<Tokens>) {
         match part {
             Some(part) => {
                 self.count_kind("token_bucket");
                 let part = report::steady(sent_before, part);
-                (token_bucket(id, part, self.config.burst, ttl), Some(part))
+                let span = span.unwrap_or(Duration::from_secs(1));
+                (token_bucket(id, part, span, ttl), Some(part))
             }
             None => {
                 self.count_kind("deny_all");

@@ -132,6 +132,7 @@ mod tests {
             kind: AskKind::Grant,
             charged: true,
             window_us: 1_000_000,
+            shortest_us: 1_000_000,
             rooms: Vec::new(),
         }
     }

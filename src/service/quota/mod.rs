@@ -60,8 +60,9 @@ pub struct QuotaConfig {
     pub store_timeout: Duration,
     /// How often contested descriptors are read for pushes (`None`: no pushes).
     pub push_every: Option<Duration>,
-    /// How much of its share a gateway's token bucket holds (`--rlqs-burst`).
-    pub burst: Duration,
+    /// How much of its share a gateway's token bucket holds (`--rlqs-burst`; `None`: sized by
+    /// the rule, `algorithm::share::burst_span`).
+    pub burst: Option<Duration>,
 }
 
 impl Default for QuotaConfig {
@@ -78,7 +79,7 @@ impl Default for QuotaConfig {
             failure_mode: FailureMode::Allow,
             store_timeout: Duration::from_millis(500),
             push_every: Some(push::EVERY),
-            burst: Duration::from_secs(1),
+            burst: None,
         }
     }
 }
@@ -271,6 +272,7 @@ impl Inner {
                 kind: AskKind::Release,
                 charged: false,
                 window_us: 0,
+                shortest_us: 0,
                 rooms: Vec::new(),
             })
             .collect();

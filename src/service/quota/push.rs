@@ -173,6 +173,7 @@ impl super::Inner {
             ..ask.clone()
         };
         let deadline = Instant::now() + self.config.store_timeout;
+        let span = self.burst_span(&ask);
         let asks = [ask];
         let answer = tokio::time::timeout_at(deadline, self.quota.grant(&asks, deadline)).await;
         let grant = match answer.ok()?.into_iter().next()? {
@@ -188,15 +189,7 @@ impl super::Inner {
         let last = state.granted.get(key).copied();
         state.granted.insert(
             key.to_owned(),
-            super::charge::after_grant(
-                last,
-                grant,
-                members.len(),
-                self.config.burst,
-                false,
-                now_us,
-                ends_us,
-            ),
+            super::charge::after_grant(last, grant, members.len(), span, false, now_us, ends_us),
         );
         let demands: Vec<f64> = members.iter().map(|m| m.1).collect();
         let parts = hold::split(grant, &demands);

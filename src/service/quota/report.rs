@@ -167,6 +167,7 @@ pub(super) fn plan(
         // Set per report by whether its admissions were charged (`answer.rs`).
         charged: false,
         window_us: layers.iter().map(|c| c.limit.window_us).max().unwrap_or(0),
+        shortest_us: layers.iter().map(|c| c.limit.window_us).min().unwrap_or(0),
         // Read per report, after its charges (`charge.rs`).
         rooms: Vec::new(),
     };
