@@ -1,0 +1,148 @@
+//! Streams that come and go: pushes to a newcomer's benefit, a stream's end freeing its share,
+//! a named gateway keeping its holds, one replica's streams bounded on a descriptor.
+
+use super::*;
+
+/// A second gateway arriving on a rule the first holds whole is short of its fair part: the
+/// server pushes the first its smaller grant at once (within a push round), and
+/// the second its grown one, instead of both waiting for their next reports (Envoy 1.40: 5 s
+/// each, so 10 s before the newcomer had its part).
+#[tokio::test]
+async fn a_gateway_short_of_its_part_gets_it_by_pushes_within_a_second() {
+    let server = pushing_server().await;
+    let tenant: &[(&str, &str)] = &[("tenant", "pushed")];
+    let mut first = Gateway::open(&server).await;
+    let mut second = Gateway::open(&server).await;
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    assert_eq!(
+        grant(first.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 2 ttl 3s"
+    );
+    assert_eq!(
+        grant(second.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    // Neither reports again: the first is pushed its half, then the second grows into it.
+    let shrunk = first.pushed(Duration::from_millis(1500)).await;
+    assert_eq!(
+        shrunk.map(grant).as_deref(),
+        Some("tokens 5/1s max 2 ttl 3s"),
+        "the first is pushed its smaller grant"
+    );
+    let mut grown = None;
+    for _ in 0..4 {
+        if let Some(actions) = second.pushed(Duration::from_millis(600)).await {
+            grown = Some(grant(actions));
+            break;
+        }
+    }
+    assert_eq!(grown.as_deref(), Some("tokens 5/1s max 2 ttl 3s"));
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let (_, metrics) = common::http(admin, "GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("portcullis_rlqs_pushes_total 2"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+/// A stream that ends frees what it held at once: the other gateway gets the whole rate at its
+/// next report, not after the ended stream's grant has run out (a rolling update moved a stream
+/// and the new one was refused everything until then).
+#[tokio::test]
+async fn a_stream_that_ends_frees_its_share_at_once() {
+    let server = server().await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let tenant: &[(&str, &str)] = &[("tenant", "moved")];
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    let mut old = Gateway::open(&server).await;
+    assert_eq!(
+        grant(old.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 2 ttl 3s"
+    );
+    drop(old);
+    await_streams(admin, 0).await;
+    // No time has passed on the store's clock: only the release frees it.
+    let mut new = Gateway::open(&server).await;
+    assert_eq!(
+        grant(new.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 2 ttl 3s"
+    );
+    server.stop().await;
+}
+
+/// A gateway that names itself keeps its holds across a broken stream: while it reconnects,
+/// another gateway cannot take them, and its next stream is the same holder (its own grant is
+/// not counted against it).
+#[tokio::test]
+async fn a_named_gateway_keeps_its_holds_across_streams() {
+    let server = server().await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let tenant: &[(&str, &str)] = &[("tenant", "named")];
+    let grant = |actions: Vec<BucketAction>| assigned(&actions[0]);
+    let mut first = Gateway::open_named(&server, "gateway-7").await;
+    assert_eq!(
+        grant(first.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 10/1s max 2 ttl 3s"
+    );
+    drop(first);
+    await_streams(admin, 0).await;
+    let mut other = Gateway::open(&server).await;
+    assert_eq!(
+        grant(other.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    let mut again = Gateway::open_named(&server, "gateway-7").await;
+    // Its fair half now that the other asks too: from its own holder, nothing held twice.
+    assert_eq!(
+        grant(again.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "tokens 5/1s max 2 ttl 3s"
+    );
+    server.stop().await;
+}
+
+/// One replica's streams hold at most a quarter of a descriptor's holder slots (256 of 1,024), so
+/// that they never take them all from the gateways of other replicas: the 257th stream on one
+/// descriptor is denied (and counted) until one of the others leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replicas_streams_hold_at_most_a_quarter_of_a_descriptors_slots() {
+    let server = server().await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let refused = || {
+        let metrics = server.running.as_ref().unwrap().metrics.encode();
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("portcullis_rlqs_holds_refused_total "))
+            .map(str::to_owned);
+        line.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no refusal counter: {metrics}"))
+    };
+    let tenant: &[(&str, &str)] = &[("tenant", "crowded")];
+    let mut gateways = Vec::new();
+    for _ in 0..256 {
+        let mut gateway = Gateway::open(&server).await;
+        gateway.report("edge", &[(tenant, 1, 0)]).await.unwrap();
+        gateways.push(gateway);
+    }
+    assert_eq!(refused(), 0);
+    let mut late = Gateway::open(&server).await;
+    let actions = late.report("edge", &[(tenant, 1, 0)]).await.unwrap();
+    assert_eq!(assigned(&actions[0]), "deny_all ttl 3s");
+    assert_eq!(refused(), 1);
+    // Another descriptor is not crowded: its hold is asked of the store.
+    let other: &[(&str, &str)] = &[("tenant", "quiet")];
+    let actions = late.report("edge", &[(other, 1, 0)]).await.unwrap();
+    assert!(
+        actions.iter().any(|a| assigned(a).starts_with("tokens")),
+        "{actions:?}"
+    );
+    assert_eq!(refused(), 1);
+    // One stream leaves: the late one holds its slot at its next report.
+    drop(gateways.pop());
+    await_streams(admin, 256).await;
+    late.report("edge", &[(tenant, 1, 0)]).await.unwrap();
+    assert_eq!(refused(), 1);
+    drop(gateways);
+    drop(late);
+    server.stop().await;
+}
