@@ -8,6 +8,7 @@
 //! than a rule's rate across the gateways the quota store knows.
 
 mod answer;
+mod assign;
 mod bounds;
 mod charge;
 mod hold;
