@@ -7,30 +7,18 @@
 //! failure: every one is counted in the metrics.
 
 pub mod deny_cache;
+mod failure;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::algorithm::{Algorithm, ChargeMode, Check, Decision, Limit};
+use crate::algorithm::{Algorithm, ChargeMode, Check, Decision};
 use crate::store::{SharedFactors, Store, StoreError, all_failed};
 use crate::telemetry::{KindLabels, LogThrottle, Metrics, ModeLabels};
 use deny_cache::DenyCache;
 pub use deny_cache::DenyCacheBounds;
-
-/// What to answer when the store errs or misses its deadline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FailureMode {
-    /// Allow the request (fail open, like Envoy's default and Stripe's limiter).
-    #[default]
-    Allow,
-    /// Refuse the request (fail closed).
-    Deny,
-    /// Count in this process's memory until the store answers again.
-    Local,
-    /// Hand the store's error back to the caller (gRPC UNAVAILABLE): Envoy's own
-    /// `failure_mode_deny` then decides, as with the Go service.
-    Error,
-}
+pub use failure::{FAILED_CLOSED_RETRY, FailureMode};
+use failure::{failed_closed, failed_open};
 
 /// How the limiter treats its store.
 #[derive(Debug, Clone, Copy)]
@@ -397,33 +385,3 @@ impl Limiter {
 /// How long past its deadline a store call is awaited before the limiter stops waiting for it
 /// (stores keep the deadline themselves; this only guards against one that does not).
 const DEADLINE_BACKSTOP: Duration = Duration::from_millis(5);
-
-/// Allowed without counting: nothing is known about the real counter.
-fn failed_open(limit: &Limit) -> Decision {
-    Decision {
-        allowed: true,
-        limit: limit.capacity(),
-        remaining: limit.capacity(),
-        reset_after: Duration::ZERO,
-        retry_after: None,
-        by_failure_mode: true,
-    }
-}
-
-/// The longest wait a failure-mode refusal announces. Nothing is known about the counter, only
-/// that the store failed; a client told "come back in a month" (the rule's window) would stay
-/// away long after the store is back.
-pub const FAILED_CLOSED_RETRY: Duration = Duration::from_secs(1);
-
-/// Refused without counting; the client is told to come back after a short, honest wait.
-fn failed_closed(limit: &Limit) -> Decision {
-    let wait = Duration::from_micros(limit.window_us).min(FAILED_CLOSED_RETRY);
-    Decision {
-        allowed: false,
-        limit: limit.capacity(),
-        remaining: 0,
-        reset_after: wait,
-        retry_after: Some(wait),
-        by_failure_mode: true,
-    }
-}
