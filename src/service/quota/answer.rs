@@ -110,13 +110,14 @@ impl Inner {
             (0..planned.len()).map(|_| None).collect();
         let mut quiet = Vec::new();
         for (h, grant) in holds.iter().zip(grants) {
+            let span = self.burst_span(h.ask.shortest_us);
             if let Ok(tokens) = &grant {
                 let last = state.granted.get(&h.ask.key).copied();
                 let now = super::charge::after_grant(
                     last,
                     *tokens,
                     h.members.len(),
-                    self.burst_span(&h.ask),
+                    span,
                     h.ask.charged,
                     now_us,
                     ends_us,
@@ -132,7 +133,7 @@ impl Inner {
                     // A quiet bucket keeps what it has when the store could not answer.
                     Member::Quiet(key) => {
                         if let Ok(part) = part {
-                            quiet.push((key.clone(), part));
+                            quiet.push((key.clone(), part, span));
                         }
                     }
                 }
@@ -163,7 +164,7 @@ impl Inner {
                     (allow_all(p.id, ttl), None)
                 }
                 Some(Ok(part)) => {
-                    let span = p.ask.as_ref().map(|a| self.burst_span(a));
+                    let span = self.burst_span(p.ask.as_ref().map_or(0, |a| a.shortest_us));
                     self.assign(p.id, sent_before, part, span, ttl)
                 }
                 Some(Err(error)) => (self.failed(p.id, &error, gateway), None),
@@ -183,8 +184,8 @@ impl Inner {
         }
         // The stream's other buckets on a hold: sent their new part when it shrank (their
         // buckets together must stay within the share) or grew past what `steady` keeps.
-        for (key, part) in quiet {
-            if let Some((action, change)) = self.requote(state, key, part, ttl) {
+        for (key, part, span) in quiet {
+            if let Some((action, change)) = self.requote(state, key, part, span, ttl) {
                 changes.push(change);
                 actions.push(action);
             }

@@ -11,22 +11,19 @@ use crate::algorithm::share::Tokens;
 use crate::limiter::FailureMode;
 use crate::pb::rlqs::{BucketAction, BucketId};
 use crate::store::StoreError;
-use crate::store::quota::Ask;
 use crate::telemetry::KindLabels;
 
 impl Inner {
-    /// A bucket not in the report, given its new `part` of its hold: the action to send and
-    /// the registry's change, when what it has must change.
+    /// A bucket not in the report, given its new `part` of its hold (a bucket holding `span` of
+    /// it): the action to send and the registry's change, when what it has must change.
     pub(super) fn requote(
         &self,
         state: &mut StreamState,
         key: BucketKey,
         part: Option<Tokens>,
+        span: Duration,
         ttl: Duration,
     ) -> Option<(BucketAction, (BucketKey, Option<super::Assigned>))> {
-        let span = (state.buckets.get(&key)?.counter.as_ref())
-            .and_then(|c| state.asks.get(c))
-            .map(|a| self.burst_span(a));
         let bucket = state.buckets.get_mut(&key)?;
         let kept = part.map(|p| report::steady(bucket.sent, p));
         if kept == bucket.sent {
@@ -41,28 +38,26 @@ impl Inner {
         Some((action, (key, Some(assigned))))
     }
 
-    /// How much of its share a gateway's bucket on `ask`'s rule holds (`--rlqs-burst`, else
-    /// sized by the rule's shortest window).
-    pub(super) fn burst_span(&self, ask: &Ask) -> Duration {
-        crate::algorithm::share::burst_span(self.config.burst, ask.shortest_us)
+    /// How much of its share a gateway's bucket holds on a rule whose shortest window is
+    /// `shortest_us` (`--rlqs-burst`, else sized by that window; 0, none known: a second).
+    pub(super) fn burst_span(&self, shortest_us: u64) -> Duration {
+        crate::algorithm::share::burst_span(self.config.burst, shortest_us)
     }
 
     /// A bucket's part as an action: a token bucket (kept as sent when a little smaller) holding
-    /// `span` of it (none known: a second), or DENY_ALL for none. Returns the action and the
-    /// tokens sent.
+    /// `span` of it, or DENY_ALL for none. Returns the action and the tokens sent.
     pub(super) fn assign(
         &self,
         id: BucketId,
         sent_before: Option<Tokens>,
         part: Option<Tokens>,
-        span: Option<Duration>,
+        span: Duration,
         ttl: Duration,
     ) -> (BucketAction, Option<Tokens>) {
         match part {
             Some(part) => {
                 self.count_kind("token_bucket");
                 let part = report::steady(sent_before, part);
-                let span = span.unwrap_or(Duration::from_secs(1));
                 (token_bucket(id, part, span, ttl), Some(part))
             }
             None => {

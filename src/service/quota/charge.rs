@@ -75,8 +75,8 @@ pub(super) fn charges(
         .collect()
 }
 
-/// `last` after a grant of `tokens` until `ends_us` to `buckets` buckets of `burst`
-/// (`--rlqs-burst`), made at `now_us`: started again when the admissions before were charged,
+/// `last` after a grant of `tokens` until `ends_us` to `buckets` buckets each holding `burst` of
+/// its part (`Inner::burst_span`), made at `now_us`: started again when the admissions before were charged,
 /// else kept from its start at the highest rate and burst.
 pub(super) fn after_grant(
     last: Option<Granted>,
@@ -311,7 +311,7 @@ mod tests {
         assert_eq!(kept.burst, 8);
         let again = after_grant(Some(kept), t(2), 1, SECOND, true, 18, 28);
         assert_eq!((again.rate, again.since_us, again.burst), (2.0, 18, 2));
-        // The burst charged past the claim is the bucket Envoy was sent (`--rlqs-burst`).
+        // The burst charged past the claim is the bucket Envoy was sent (its span of the share).
         let short = std::time::Duration::from_millis(200);
         assert_eq!(after_grant(None, t(10), 2, short, false, 10, 20).burst, 4);
     }

@@ -173,7 +173,7 @@ impl super::Inner {
             ..ask.clone()
         };
         let deadline = Instant::now() + self.config.store_timeout;
-        let span = self.burst_span(&ask);
+        let span = self.burst_span(ask.shortest_us);
         let asks = [ask];
         let answer = tokio::time::timeout_at(deadline, self.quota.grant(&asks, deadline)).await;
         let grant = match answer.ok()?.into_iter().next()? {
@@ -196,7 +196,7 @@ impl super::Inner {
         let mut actions = Vec::new();
         let mut changes = Vec::new();
         for ((bucket, _), part) in members.into_iter().zip(parts) {
-            if let Some((action, change)) = self.requote(state, bucket, part, ttl) {
+            if let Some((action, change)) = self.requote(state, bucket, part, span, ttl) {
                 actions.push(action);
                 changes.push(change);
             }
