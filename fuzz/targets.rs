@@ -1,5 +1,5 @@
 //! The bodies of the fuzz targets, shared by `cargo fuzz` (`fuzz/fuzz_targets/`, libFuzzer) and by
-//! `cargo test` (`tests/fuzz.rs`: every committed corpus file replayed, then proptest inputs), so
+//! `cargo test` (`tests/local/fuzz.rs`: every committed corpus file replayed, then proptest inputs), so
 //! the corpus is exercised on any toolchain.
 //!
 //! Each body takes any bytes and must never panic, hang or allocate without bound; where the

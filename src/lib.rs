@@ -1,7 +1,7 @@
 //! Portcullis: a rate-limit service for Envoy and Istio (`envoy.service.ratelimit.v3`).
 //!
 //! The crate is built in floors; each module imports only from floors below it (checked by
-//! `tests/floors.rs`, drawn in `ARCHITECTURE.md`). Top-down, the way a request flows:
+//! `tests/local/floors.rs`, drawn in `ARCHITECTURE.md`). Top-down, the way a request flows:
 //!
 //! - `server`: the composition root, from `Settings` to running listeners and watchers;
 //! - `settings`: the command line and environment;

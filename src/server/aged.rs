@@ -3,7 +3,7 @@
 //! client is doing. Why here and not in tonic: given a grace, tonic 0.14 sleeps the age and the
 //! grace and then drops the connection, without the GOAWAY at the age that tells the client to
 //! move (Envoy kept sending new calls on it until the grace ended, measured in
-//! tests/envoy_connection_age.rs). So tonic is given the age alone (GOAWAY at the age, the
+//! tests/envoy/connection_age.rs). So tonic is given the age alone (GOAWAY at the age, the
 //! gRPC and Go behaviour) and this wrapper ends the connection at age + grace. It must never end
 //! a connection earlier than that.
 

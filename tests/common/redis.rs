@@ -22,27 +22,42 @@ pub fn require_redis() {
 
 /// A loopback port nobody listens on, with port + 10000 free too (a cluster node's bus).
 ///
-/// Taken below Linux's ephemeral range (32768 and up) and handed out in turn within the process:
-/// a port the OS picked for `:0` can be given to another socket's outgoing connection between
-/// the check and the real bind, and two tests of one binary must never get the same port.
+/// Taken below Linux's ephemeral range (32768 and up), so no outgoing connection is handed it
+/// between the check and the real bind. Tests run side by side in processes of their own
+/// (cargo-nextest runs each test alone in its process), so a port is reserved across processes:
+/// an exclusive `flock` on a file named after it, held until this process exits (the kernel drops
+/// it then, also after a crash). Bases are 11000-20999 and their buses 21000-30999, so no base is
+/// another's bus.
 pub fn free_port() -> u16 {
+    use std::os::fd::AsRawFd;
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicU16, Ordering};
     const LOW: u16 = 11_000;
-    const SPAN: u16 = 11_000;
+    const SPAN: u16 = 10_000;
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    // Each test binary starts at its own place, so that binaries run side by side rarely meet.
+    static HELD: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("portcullis-test-ports");
+    std::fs::create_dir_all(&dir).expect("the port reservation directory");
+    // Each process starts at its own place, so that processes run side by side rarely meet.
     let _ = NEXT.compare_exchange(
         0,
-        1 + (std::process::id() % u32::from(SPAN)) as u16,
+        1 + (std::process::id().wrapping_mul(7_919) % u32::from(SPAN)) as u16,
         Ordering::Relaxed,
         Ordering::Relaxed,
     );
     for _ in 0..SPAN {
-        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % SPAN;
-        let port = LOW + offset;
+        let port = LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN;
+        let Ok(file) = std::fs::File::create(dir.join(port.to_string())) else {
+            continue;
+        };
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue; // another test process holds it
+        }
         if TcpListener::bind(("127.0.0.1", port)).is_ok()
             && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
         {
+            HELD.lock().unwrap().push(file);
             return port;
         }
     }

@@ -15,6 +15,7 @@ mod common;
 mod harness;
 mod load;
 mod network;
+mod soak;
 mod standalone;
 
 use harness::*;

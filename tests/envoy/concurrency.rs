@@ -1,0 +1,182 @@
+//! Concurrency limits behind a real Envoy 1.40, configured as docs/rules.md says: the ratelimit
+//! filter's own `rate_limits` take a slot on the request and give back, when the stream is done,
+//! the slots the answer said were taken (`held` in the dynamic metadata: a request Envoy refused
+//! gives nothing back, although Envoy sends its release too). A slow upstream (a fault filter
+//! delays requests marked `x-slow`) keeps requests in flight. On memory, standalone Redis, Sentinel and
+//! Cluster: with 2 in flight per user a third concurrent request is refused, a request after
+//! one completes passes; a gateway killed with requests in flight frees their slots when their
+//! leases end (`max_duration`).
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use crate::common::envoy::{self, Gateway};
+use crate::common::process::ServeProcess;
+use crate::common::redis::{RedisCluster, RedisServer};
+use portcullis::pb::RateLimitServiceClient;
+
+const RULES: &str = "domain: llm
+descriptors:
+  - key: user
+    rate_limit: {algorithm: concurrency, requests_per_unit: 2, unit: minute, max_duration: 8s}
+";
+
+/// The filter docs/rules.md gives, with the slow app behind it.
+fn gateway(grpc_port: u16) -> Gateway {
+    let mut g = Gateway::new("llm", &[grpc_port]);
+    g.http_filters = envoy::readme_envoy_blocks()
+        .into_iter()
+        .find(|b| b.contains("held:user"))
+        .expect("docs/rules.md's concurrency filter");
+    g.app_filters = r#"- name: envoy.filters.http.fault
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+    delay: {fixed_delay: 5s, percentage: {numerator: 100}}
+    headers: [{name: x-slow, present_match: true}]
+"#
+    .into();
+    g
+}
+
+/// The slots free for `user`, asked with a check-only call (which takes none).
+async fn free_slots(grpc_port: u16, user: &str) -> u32 {
+    let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc_port}"))
+        .await
+        .expect("connect");
+    let mut probe = common::request("llm", &[&[("user", user)]]);
+    probe.descriptors[0].hits_addend = Some(0);
+    let answer = client.should_rate_limit(probe).await.expect("probe");
+    answer.into_inner().statuses[0].limit_remaining
+}
+
+async fn wait_free(grpc_port: u16, user: &str, want: u32, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let free = free_slots(grpc_port, user).await;
+        if free == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{free} slots free for {user}, {want} expected within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The calls Portcullis has answered.
+async fn grpc_calls(portcullis: &ServeProcess) -> f64 {
+    let (_, metrics) = common::http_at(portcullis.admin_addr(), "GET", "/metrics", "").await;
+    common::sample(&metrics, "portcullis_grpc_calls_total{code=\"Ok\"}")
+}
+
+fn spawn_get(g: &Gateway, user: &'static str, slow: bool) -> tokio::task::JoinHandle<u16> {
+    let addr = g.ingress_addr();
+    tokio::spawn(async move {
+        let mut headers = vec![("x-user", user)];
+        if slow {
+            headers.push(("x-slow", "1"));
+        }
+        envoy::get(addr, None, "/v1/chat/completions", &headers)
+            .await
+            .status
+    })
+}
+
+async fn two_in_flight_per_user(store_args: &[&str]) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("llm.yaml"), RULES).expect("rules");
+    let portcullis = ServeProcess::spawn(dir.path(), store_args, &[], &[]);
+    let port = portcullis.grpc_port;
+    let g = gateway(port);
+    let envoy = g.start();
+
+    // Two slow requests hold both slots.
+    let first = spawn_get(&g, "alice", true);
+    let second = spawn_get(&g, "alice", true);
+    wait_free(port, "alice", 0, Duration::from_secs(3)).await;
+    // A third is refused while they run, and its end gives nothing back: still none free.
+    let calls_before = grpc_calls(&portcullis).await;
+    let third = envoy::get(g.ingress_addr(), None, "/", &[("x-user", "alice")]).await;
+    assert_eq!(
+        third.status, 429,
+        "{store_args:?}: a third request in flight"
+    );
+    assert_eq!(third.header("x-ratelimit-remaining"), Some("0"));
+    // Envoy's release of the third (0 slots) arrives after its answer: wait for that call.
+    let started = Instant::now();
+    while grpc_calls(&portcullis).await < calls_before + 2.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no release call"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let refused_again = envoy::get(g.ingress_addr(), None, "/", &[("x-user", "alice")]).await;
+    assert_eq!(
+        refused_again.status, 429,
+        "{store_args:?}: a refused request's end freed a slot it never took"
+    );
+    // Another user is not limited by alice's slots.
+    let bob = envoy::get(g.ingress_addr(), None, "/", &[("x-user", "bob")]).await;
+    assert_eq!(bob.status, 200);
+
+    assert_eq!(first.await.expect("first"), 200);
+    assert_eq!(second.await.expect("second"), 200);
+    // Both released at their ends: a fourth request passes.
+    wait_free(port, "alice", 2, Duration::from_secs(2)).await;
+    let fourth = envoy::get(g.ingress_addr(), None, "/", &[("x-user", "alice")]).await;
+    assert_eq!(
+        fourth.status, 200,
+        "{store_args:?}: after the slow ones completed"
+    );
+    wait_free(port, "alice", 2, Duration::from_secs(2)).await;
+
+    // A gateway killed with requests in flight: their releases never come, their leases end
+    // (8 s) and the slots are free again.
+    let _held = (spawn_get(&g, "carol", true), spawn_get(&g, "carol", true));
+    wait_free(port, "carol", 0, Duration::from_secs(3)).await;
+    let killed_at = Instant::now();
+    drop(envoy);
+    assert_eq!(free_slots(port, "carol").await, 0, "released by nobody yet");
+    wait_free(port, "carol", 2, Duration::from_secs(10)).await;
+    assert!(
+        killed_at.elapsed() >= Duration::from_millis(5_000),
+        "freed after {:?}: before the leases could end",
+        killed_at.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_two_in_flight_per_user_on_memory() {
+    two_in_flight_per_user(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_two_in_flight_per_user_on_redis() {
+    let redis = RedisServer::start();
+    two_in_flight_per_user(&["--store", "redis", "--redis-url", &redis.url()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_two_in_flight_per_user_on_cluster() {
+    let cluster = RedisCluster::start();
+    let seeds = cluster.seeds().join(",");
+    two_in_flight_per_user(&["--store", "redis", "--redis-cluster", &seeds]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_two_in_flight_per_user_on_sentinel() {
+    let setup = common::redis::RedisSentinel::start();
+    let sentinels = setup.sentinel_addrs().join(",");
+    two_in_flight_per_user(&[
+        "--store",
+        "redis",
+        "--redis-sentinel",
+        &sentinels,
+        "--redis-master",
+        "mymaster",
+    ])
+    .await;
+}

@@ -1,0 +1,10 @@
+//! The command line as a platform team uses it in CI: `portcullis check` on good and broken rule
+//! directories, and `portcullis explain`.
+
+mod check;
+mod explain;
+mod loading;
+
+use crate::common::cli::{dir_with, portcullis};
+
+use std::path::Path;

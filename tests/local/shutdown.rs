@@ -1,0 +1,98 @@
+//! Shutdown: SIGTERM reports NOT_SERVING, keeps answering through the drain and exits 0.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use crate::common::process::ServeProcess;
+use crate::common::request;
+use portcullis::pb::rate_limit_response::Code;
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+use crate::common::http_at as http;
+
+#[tokio::test]
+async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits_0() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.yaml"), common::OPERATIONS_RULES).unwrap();
+    let mut server = ServeProcess::spawn(dir.path(), &["--drain-period", "1500ms"], &[], &[]);
+    let channel = tonic::transport::Channel::from_shared(server.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel.clone());
+    let mut rls = portcullis::pb::RateLimitServiceClient::new(channel);
+    let status_of = |h: &mut HealthClient<_>, service: &str| {
+        let mut h = h.clone();
+        let service = service.to_owned();
+        async move {
+            h.check(HealthCheckRequest { service })
+                .await
+                .unwrap()
+                .into_inner()
+                .status
+        }
+    };
+    let status = |h: &mut HealthClient<_>| status_of(h, "");
+    assert_eq!(status(&mut health).await, ServingStatus::Serving as i32);
+    assert_eq!(
+        status_of(&mut health, "ratelimit").await,
+        ServingStatus::Serving as i32
+    );
+
+    let signalled = Instant::now();
+    server.signal("TERM");
+    while status(&mut health).await != ServingStatus::NotServing as i32 {
+        assert!(
+            signalled.elapsed() < Duration::from_secs(1),
+            "health did not turn NOT_SERVING"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (ready, _) = http(server.admin_addr(), "GET", "/readyz", "").await;
+    assert_eq!(ready, 503);
+    assert_eq!(
+        status_of(&mut health, "ratelimit").await,
+        ServingStatus::NotServing as i32
+    );
+    // Liveness does not follow the drain: a probe must not restart a replica that is leaving.
+    assert_eq!(
+        status_of(&mut health, "portcullis.liveness").await,
+        ServingStatus::Serving as i32
+    );
+    // Still answering during the drain period.
+    let r = rls
+        .should_rate_limit(request("m", &[&[("user", "drain")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, OK);
+    let r = rls
+        .should_rate_limit(request("m", &[&[("trial", "drain")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(r.overall_code, OVER);
+    // Then it exits 0, within the drain period plus a margin.
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_millis(1500 + 3000),
+            "did not exit after draining"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(1400),
+        "exited before the drain period"
+    );
+    assert_eq!(exit.code(), Some(0));
+}

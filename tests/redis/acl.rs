@@ -1,0 +1,150 @@
+//! The Redis ACL README gives is enough: a user made with exactly that line decides every
+//! algorithm, refunds and post-paid charges, keeps temporary scaling factors, grants RLQS
+//! shares, pushes them between reports, counts their claims on the RLS path, and answers
+//! readiness, with no NOPERM anywhere
+//! (Redis checks the commands a script calls against the user's permissions).
+
+use crate::common;
+
+use std::time::Duration;
+
+use crate::common::redis::{RedisServer, cli};
+use crate::common::rlqs::{Gateway, assigned};
+use crate::common::{TestServer, descriptor, http, request, sample};
+use portcullis::limiter::FailureMode;
+use portcullis::pb::rate_limit_response::Code;
+use portcullis::settings::{Secret, StoreKind};
+
+const OK: i32 = Code::Ok as i32;
+
+const RULES: &str = r#"
+domain: acl
+descriptors:
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}
+  - key: fixed
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+  - key: tokens
+    post_paid: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+"#;
+
+/// The `ACL SETUSER` line of the Redis guide (docs/redis.md), as arguments after the user name.
+fn readme_acl() -> Vec<String> {
+    let readme = common::docs();
+    let start = readme
+        .find("ACL SETUSER portcullis")
+        .expect("README gives the ACL");
+    let end = start + readme[start..].find("```").expect("the block ends");
+    readme[start..end]
+        .replace("\\\n", " ")
+        .split_whitespace()
+        .skip(3)
+        .map(|arg| arg.replace("PASSWORD", "s3cret"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_acl_is_all_the_service_needs() {
+    let redis = RedisServer::start();
+    let mut args = vec!["ACL", "SETUSER", "portcullis"];
+    let acl = readme_acl();
+    args.extend(acl.iter().map(String::as_str));
+    assert_eq!(cli(redis.port, &args), "OK");
+    let url = redis.url();
+    let server = TestServer::start_with(&[("acl.yaml", RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url);
+        s.redis_user = Some("portcullis".into());
+        s.redis_password = Some(Secret("s3cret".into()));
+        s.store_timeout = Duration::from_secs(2);
+        s.failure_mode = FailureMode::Deny;
+        s.admin_scaling = true;
+        s.rlqs.rlqs = true;
+    })
+    .await;
+    for key in ["sliding", "bucket", "fixed", "tokens"] {
+        let r = server.ok(request("acl", &[&[(key, "u")]])).await;
+        assert_eq!(
+            (r.overall_code, r.statuses[0].limit_remaining),
+            (OK, 4),
+            "{key}"
+        );
+        // A refund writes too.
+        let mut refund = request("acl", &[]);
+        let mut back = descriptor(&[(key, "u")]);
+        back.hits_addend = Some(1);
+        back.is_negative_hits = true;
+        refund.descriptors.push(back);
+        assert_eq!(server.ok(refund).await.overall_code, OK, "{key} refund");
+    }
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let (status, body) = http(
+        admin,
+        "POST",
+        "/scaling",
+        r#"{"scope":"domain","name":"acl","factor":0.5,"for_seconds":60}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // RLQS: a share granted (not the failure mode's DENY_ALL), RLS counting its claims and its
+    // demand on the held descriptor pushed, without an error.
+    let mut gateway = Gateway::open(&server).await;
+    let actions = gateway
+        .report("acl", &[(&[("fixed", "g")], 3, 0)])
+        .await
+        .unwrap();
+    assert!(assigned(&actions[0]).starts_with("tokens"), "{actions:?}");
+    // A second gateway on the descriptor is short of its fair share: the descriptor is marked
+    // contested (a sorted set) and the push round reads it, so the first is pushed its smaller
+    // part between reports.
+    let mut second = Gateway::open(&server).await;
+    second
+        .report("acl", &[(&[("fixed", "g")], 3, 0)])
+        .await
+        .unwrap();
+    assert!(
+        gateway.pushed(Duration::from_secs(3)).await.is_some(),
+        "no push under the guide's ACL"
+    );
+    // An RLS call on the held descriptor counts the gateways' claims (the check script reads
+    // the holder table) and its hit reaches the table as RLS demand within a second.
+    server.ok(request("acl", &[&[("fixed", "g")]])).await;
+    let started = std::time::Instant::now();
+    loop {
+        let table = cli(redis.port, &["HKEYS", "portcullis:{acl|fixed=g}:q"]);
+        if table.lines().any(|field| field.starts_with('r')) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{table}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = http(admin, "GET", "/readyz", "").await;
+    assert_eq!(status, 200, "{body}");
+    let (_, metrics) = http(admin, "GET", "/metrics", "").await;
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"portcullis_store_errors_total{kind="permanent"}"#
+        ),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"portcullis_failure_mode_answers_total{mode="deny"}"#
+        ),
+        0.0
+    );
+    for series in [
+        "portcullis_rlqs_store_errors_total",
+        "portcullis_rlqs_demand_errors_total",
+        "portcullis_rlqs_push_errors_total",
+    ] {
+        assert_eq!(sample(&metrics, series), 0.0, "{series}\n{metrics}");
+    }
+    server.stop().await;
+}

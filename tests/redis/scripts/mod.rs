@@ -1,0 +1,81 @@
+//! The Redis scripts count exactly like the memory model: random sequences of every algorithm,
+//! mode and charge, the extreme parameters, a batch of many calls decided as the calls one by one,
+//! the production path on Redis TIME, and every key with a TTL and its own hash tag.
+
+mod batching;
+mod bytes;
+use crate::common;
+mod model;
+mod production;
+
+use crate::common::redis::{decide, decide_in, plain_connection};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::redis::connected_store;
+use crate::common::redis::{RedisServer, cli};
+use crate::common::{TestServer, request};
+use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
+use portcullis::clock::ManualClock;
+use portcullis::store::MemoryStore;
+use portcullis::store::redis::{ScriptClock, SlidingLayout, Topology};
+
+/// 2100-01-01: a fixed script clock in the future, so keys never expire by wall time mid-test.
+const FUTURE_US: u64 = 4_102_444_800_000_000;
+
+/// xorshift64*: reproducible random sequences without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A limit of `requests` per `window_us`; a token bucket gets a random burst up to twice that.
+fn random_limit(rng: &mut Rng, algorithm: Algorithm, requests: u64, window_us: u64) -> Limit {
+    Limit {
+        algorithm,
+        requests,
+        window_us,
+        burst: if algorithm == Algorithm::TokenBucket {
+            1 + rng.below(requests * 2)
+        } else {
+            requests
+        },
+    }
+}
+
+/// A reload that changes every token bucket's numbers (up to `most` a unit); keys and state stay.
+fn reload_buckets(rng: &mut Rng, limits: &mut [Limit], most: u64) {
+    for limit in limits.iter_mut() {
+        if limit.algorithm == Algorithm::TokenBucket {
+            limit.requests = 1 + rng.below(most);
+            limit.burst = 1 + rng.below(limit.requests * 2);
+        }
+    }
+}
+
+/// Mostly each-alone calls, some all-or-nothing, some probes.
+fn random_mode(rng: &mut Rng) -> ChargeMode {
+    match rng.below(6) {
+        0 => ChargeMode::AllOrNothing,
+        1 => ChargeMode::Probe,
+        _ => ChargeMode::EachAlone,
+    }
+}
+
+const WINDOWS_US: [u64; 4] = [1_000_000, 60_000_000, 3_600_000_000, 86_400_000_000];
+const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::SlidingWindow,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::Concurrency,
+];
