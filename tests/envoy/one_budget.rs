@@ -60,6 +60,12 @@ async fn rlqs_and_rls_share(tenant: &str, rule: &str) {
 /// rule's 120 and a bucketful of the gateway's (2 a second, a bucket of 2) per assignment
 /// change. Before: 182 within the first minute (what the gateway admitted never reached the
 /// counters, so RLS found the minute unspent when the grant ended).
+///
+/// Why 90 s of real time: Envoy refills its RLQS token buckets and sends its reports (every 5 s)
+/// on its own clock, which no test clock can move, and the bound is over every 60 s, so the run
+/// must span a minute and what leaves it: the third part is the one that shows the gateway's
+/// grant waiting for the first part's admissions to leave the minute. A minute is the shortest
+/// window a rule has above a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rls_and_rlqs_on_one_minute_rule_stay_within_it() {
     let side = Beside::start();
