@@ -4,7 +4,11 @@
 -- what the other live holders leave, quantized to what Envoy enforces (rounded down).
 -- KEYS: one hash per rule, `{tag}:q` (field: gateway id, value:
 -- "demand:granted:expires_us:since_us:claim_rate:keep_until_us", algorithm::share::Holder; the
--- check script reads the same table for the grants' claims, claims.lua).
+-- check script reads the same table for the grants' claims, claims.lua; a gateway that reserves
+-- its part, or whose claim holds a reservation past what it was granted, also has field
+-- 'v' .. id, "reserved_since_us (0: no longer reserving):granted_rate", algorithm::share's
+-- reserved_since_us and granted_rate, which the check script and older replicas do not read:
+-- its claim_rate already holds the reservation).
 -- ARGV: per key capacity, gateway, demand, ttl_us, kind (0 a report; 1 RLS calls' demand,
 -- recorded with no grant, as algorithm::share::record_demand; 2 the grant ended, its stream
 -- ended, as algorithm::share::release), charged (1: the gateway's admissions up to now are in
@@ -76,6 +80,14 @@ end
 -- algorithm::share::most: the most `mine` (its record, or nil) may be granted per second
 -- within `rooms`: each window's remaining plus its own claim there, over the part of the grant
 -- the window holds.
+-- algorithm::share::stood_a_window: a reservation made at `since` covers the whole window of
+-- operation `op` (1 sliding, 3 fixed) at now.
+local function stood_a_window(since, op, window)
+  if op == 3 and window > 0 then return since <= now - math.fmod(now, window) end
+  return now - since >= window
+end
+
+-- ... and a reservation counts as its own only once it has stood the whole window.
 local function most(mine, rooms)
   local best = math.huge
   for op, window, remaining, span in string.gmatch(rooms, '(%d+):(%d+):(%d+):(%d+)') do
@@ -83,7 +95,11 @@ local function most(mine, rooms)
       tonumber(span)
     local own = 0
     if mine ~= nil and mine.claim_rate > 0 then
-      own = claimed_of({mine}, op, window, now)
+      local h = mine
+      if mine.reserved_since > 0 and not stood_a_window(mine.reserved_since, op, window) then
+        h = {claim_rate = mine.granted_rate, since = mine.since, expires = mine.expires}
+      end
+      own = claimed_of({h}, op, window, now)
     end
     best = math.min(best, (remaining + own) / (math.max(span, 1) / 1e6))
   end
@@ -109,12 +125,22 @@ for k, key in ipairs(KEYS) do
   local all = redis.call('HGETALL', key)
   local demands, granted = {}, {}
   local me, mine = nil, nil
+  -- Reservations ('v' .. id), read with their holders.
+  local reserved = {}
+  for j = 1, #all, 2 do
+    if string.sub(all[j], 1, 1) == 'v' then reserved[string.sub(all[j], 2)] = all[j + 1] end
+  end
   -- The replicas' RLS demands (fields 'r…') weigh as one holder asking for their sum
   -- (algorithm::share::Holder::rls). Holders whose grant ended stay for their claims only.
   local rls, kept = nil, 0
   for j = 1, #all, 2 do
     local h = holder(all[j + 1])
-    if all[j] == gateway then
+    if string.sub(all[j], 1, 1) == 'v' then
+      -- A reservation whose holder is gone goes with it.
+      if redis.call('HEXISTS', key, string.sub(all[j], 2)) == 0 then
+        redis.call('HDEL', key, all[j])
+      end
+    elseif all[j] == gateway then
       me, mine = #demands + 1, h
       demands[me], granted[me] = demand, 0
     elseif h ~= nil and h.keep > now then
@@ -127,7 +153,17 @@ for k, key in ipairs(KEYS) do
         end
       end
     else
-      redis.call('HDEL', key, all[j])
+      redis.call('HDEL', key, all[j], 'v' .. all[j])
+    end
+  end
+  -- Its own reservation (none: what it claims was granted).
+  if mine ~= nil then
+    mine.reserved_since, mine.granted_rate = 0, mine.claim_rate
+    local r = reserved[gateway]
+    if r ~= nil then
+      local since, rate = string.match(r, '^([^:]+):([^:]+)$')
+      since, rate = tonumber(since), tonumber(rate)
+      if since ~= nil and rate ~= nil then mine.reserved_since, mine.granted_rate = since, rate end
     end
   end
   local per_fill, every, short = 0, 0, 0
@@ -136,8 +172,11 @@ for k, key in ipairs(KEYS) do
     if mine ~= nil then
       local w = math.max(mine.keep - mine.expires, 0)
       local ends = math.min(mine.expires, now)
-      if mine.claim_rate > 0 and ends > mine.since and ends + w > now then
-        redis.call('HSET', key, gateway, record(0, 0, ends, mine.since, mine.claim_rate, ends + w))
+      -- A reservation was never granted: nothing was admitted on it.
+      local claim_rate = mine.granted_rate
+      redis.call('HDEL', key, 'v' .. gateway)
+      if claim_rate > 0 and ends > mine.since and ends + w > now then
+        redis.call('HSET', key, gateway, record(0, 0, ends, mine.since, claim_rate, ends + w))
       else
         redis.call('HDEL', key, gateway)
       end
@@ -161,18 +200,39 @@ for k, key in ipairs(KEYS) do
       end
     end
     local fair = fair_share(capacity, demands, me)
-    per_fill, every = quantize(math.min(math.min(fair, capacity - others), most(mine, rooms)))
+    local part = math.min(fair, capacity - others)
+    per_fill, every = quantize(math.min(part, most(mine, rooms)))
     -- Short: the others hold what its fair share needs (algorithm::share::is_short).
     if fair > capacity - others + eps then short = 1 end
     local rate = 0
     if every > 0 then
       rate = per_fill / every
     end
+    -- Its part as Envoy could enforce it: reserved when the windows cannot hold it yet.
+    local reserve_fill, reserve_every = quantize(part)
+    local reserve = 0
+    if reserve_every > 0 then reserve = reserve_fill / reserve_every end
+    local reserving = reserve > rate + eps
     -- Its claim starts again once its admissions are charged; else it keeps its start at the
-    -- highest rate granted since.
-    local since, claim_rate = now, rate
+    -- highest rate granted (or reserved) since.
+    local since, claim_rate, granted_rate = now, rate, rate
     if mine ~= nil and not charged and mine.claim_rate > 0 then
       since, claim_rate = mine.since, math.max(mine.claim_rate, rate)
+      granted_rate = math.max(mine.granted_rate, rate)
+    end
+    local from = 0
+    if reserving then
+      claim_rate = math.max(claim_rate, reserve)
+      from = now
+      if mine ~= nil and mine.reserved_since > 0 then from = mine.reserved_since end
+      -- Contested, as a short gateway is: re-asked soon (algorithm::share::is_reserving).
+      short = 1
+    end
+    -- Kept while it reserves, or while its claim holds a reservation past what was granted.
+    if from > 0 or granted_rate < claim_rate then
+      redis.call('HSET', key, 'v' .. gateway, string.format('%d:%.17g', from, granted_rate))
+    else
+      redis.call('HDEL', key, 'v' .. gateway)
     end
     redis.call('HSET', key, gateway,
       record(demand, rate, now + ttl, since, claim_rate, now + ttl + window))

@@ -23,8 +23,16 @@ pub struct Holder {
     /// From when its admissions are not yet in the rule's counters: its last report whose
     /// admissions were charged there (`algorithm::claims`).
     pub since_us: u64,
-    /// The highest rate granted since `since_us`: what its uncharged admissions are claimed at.
+    /// What its uncharged admissions are claimed at: the highest rate granted since
+    /// `since_us`, or while it reserves, its reservation if that is higher.
     pub claim_rate: f64,
+    /// The highest rate granted since `since_us` (its claim less a reservation).
+    pub granted_rate: f64,
+    /// Since when it reserves its part (0: it does not): its fair part was more than the
+    /// rule's windows had left when it reported (RLS had spent them), so it claims that part
+    /// (every RLS check counts it, leaving it room) while granted only what the windows hold;
+    /// once the reservation has stood a whole window, the window holds what it left.
+    pub reserved_since_us: u64,
     /// Kept until then (its grant's end plus the rule's longest window): an ended grant still
     /// claims, in the windows it reaches, what it may have admitted and never reported.
     pub keep_until_us: u64,
@@ -191,6 +199,8 @@ pub fn report(holders: &mut Vec<Holder>, ask: &Report, now_us: u64) -> Option<To
                 rls: false,
                 since_us: now_us,
                 claim_rate: 0.0,
+                granted_rate: 0.0,
+                reserved_since_us: 0,
                 keep_until_us: 0,
             });
             holders.len() - 1
@@ -198,14 +208,28 @@ pub fn report(holders: &mut Vec<Holder>, ask: &Report, now_us: u64) -> Option<To
     };
     holders[me].demand = ask.demand.max(0.0);
     let (fair, room) = fair_and_room(holders, ask.capacity, me, now_us);
-    let grant = quantize(fair.min(room).min(most(&holders[me], &ask.rooms, now_us)));
+    let part = fair.min(room);
+    let grant = quantize(part.min(most(&holders[me], &ask.rooms, now_us)));
     let rate = grant.map_or(0.0, Tokens::per_second);
+    // Its part, as Envoy could enforce it: reserved when the windows cannot hold it yet.
+    let reserve = quantize(part).map_or(0.0, Tokens::per_second);
+    let reserving = reserve > rate + EPSILON;
     let h = &mut holders[me];
     if ask.charged || h.claim_rate <= 0.0 {
         h.since_us = now_us;
+        h.granted_rate = rate;
         h.claim_rate = rate;
     } else {
+        h.granted_rate = h.granted_rate.max(rate);
         h.claim_rate = h.claim_rate.max(rate);
+    }
+    if reserving {
+        h.claim_rate = h.claim_rate.max(reserve);
+        if h.reserved_since_us == 0 {
+            h.reserved_since_us = now_us;
+        }
+    } else {
+        h.reserved_since_us = 0;
     }
     h.granted = rate;
     h.expires_us = now_us.saturating_add(ask.ttl_us);
@@ -240,17 +264,44 @@ pub struct Room {
 }
 
 /// The most `holder` may be granted per second within `rooms`: each window's remaining plus
-/// its own claim there, over the part of the grant the window holds.
+/// its own claim there, over the part of the grant the window holds. A reservation counts as
+/// its own only once it has stood the whole window (`stood_a_window`): before, the window may
+/// still hold what others spent before it was made, and only what it was granted is its own.
 fn most(holder: &Holder, rooms: &[Room], now_us: u64) -> f64 {
     rooms
         .iter()
         .map(|r| {
-            let own = holder
+            let mut own = *holder;
+            if holder.reserved_since_us > 0
+                && !stood_a_window(holder.reserved_since_us, &r.limit, now_us)
+            {
+                own.claim_rate = holder.granted_rate;
+            }
+            let own = own
                 .claim()
                 .map_or(0, |c| super::claims::claimed(&[c], &r.limit, now_us));
             r.remaining.saturating_add(own) as f64 / (r.span_us.max(1) as f64 / 1e6)
         })
         .fold(f64::INFINITY, f64::min)
+}
+
+/// Whether a reservation made at `since_us` covers the whole of `limit`'s window at `now_us`:
+/// a sliding window's last `W`, a fixed window's current one (every hit in it was counted with
+/// the reservation standing).
+pub fn stood_a_window(since_us: u64, limit: &super::Limit, now_us: u64) -> bool {
+    let w = limit.window_us;
+    match limit.algorithm {
+        super::Algorithm::FixedWindow if w > 0 => since_us <= now_us - now_us % w,
+        _ => now_us.saturating_sub(since_us) >= w,
+    }
+}
+
+/// Whether `gateway` reserves on `holders` (its part is more than the windows hold yet): like a
+/// gateway short of its share, its descriptor is contested, so that it is re-asked soon.
+pub fn is_reserving(holders: &[Holder], gateway: u64) -> bool {
+    holders
+        .iter()
+        .any(|h| h.gateway == gateway && !h.rls && h.reserved_since_us > 0)
 }
 
 /// Whether `gateway`'s fair share on `holders` is more than the others' live grants leave it:
@@ -315,6 +366,8 @@ pub fn record_demand(
         rls: true,
         since_us: now_us,
         claim_rate: 0.0,
+        granted_rate: 0.0,
+        reserved_since_us: 0,
         keep_until_us: expires_us,
     };
     match holders.iter().position(mine) {
@@ -333,6 +386,9 @@ pub fn release(holders: &mut Vec<Holder>, gateway: u64, now_us: u64) {
             return true;
         }
         let window = h.keep_until_us.saturating_sub(h.expires_us);
+        // A reservation was never granted: nothing was admitted on it.
+        h.claim_rate = h.granted_rate;
+        h.reserved_since_us = 0;
         h.granted = 0.0;
         h.demand = 0.0;
         h.expires_us = h.expires_us.min(now_us);

@@ -260,3 +260,88 @@ fn the_burst_span_is_sized_by_the_rules_shortest_window_unless_set() {
     assert_eq!(hundred.burst(burst_span(None, second)), 10);
     assert_eq!(hundred.burst(burst_span(None, minute)), 100);
 }
+
+/// A report that finds the window spent (RLS took it) is granted only what the window holds,
+/// but reserves its fair part: its claim is the part (every RLS check counts it from now, so
+/// RLS leaves it room), and once the reservation has stood a whole window, the room RLS left
+/// is its own (issue 43: granted nothing at every report, DENY_ALL for good, while RLS kept
+/// the whole rule). Never granted more than the windows hold before then.
+#[test]
+fn a_gateway_that_finds_the_window_spent_reserves_its_part_and_gets_it_a_window_later() {
+    const S: u64 = 1_000_000;
+    let second = super::super::Limit {
+        algorithm: super::super::Algorithm::SlidingWindow,
+        requests: 10,
+        window_us: S,
+        burst: 10,
+    };
+    let ask = |remaining: u64| Report {
+        capacity: 10.0,
+        gateway: 1,
+        demand: 30.0,
+        ttl_us: 11 * S,
+        charged: true,
+        window_us: S,
+        rooms: vec![Room {
+            limit: second,
+            remaining,
+            span_us: S,
+        }],
+    };
+    let mut holders = Vec::new();
+    // RLS asks for 30 a second: the gateway's fair part is 5.
+    record_demand(&mut holders, 99, 30.0, 10 * S, 3 * S);
+    // The second is spent: nothing granted, 5 reserved (its claim, counted by RLS checks).
+    assert_eq!(super::report(&mut holders, &ask(0), 10 * S), None);
+    let me = holders.iter().find(|h| !h.rls).copied().unwrap();
+    assert_eq!(
+        (me.granted, me.claim_rate, me.granted_rate),
+        (0.0, 5.0, 0.0)
+    );
+    assert_eq!(me.reserved_since_us, 10 * S);
+    assert!(is_reserving(&holders, 1));
+    // Half a window later, nothing left in it yet: still nothing (the window may hold what RLS
+    // spent before the reservation), the reservation kept from its start.
+    record_demand(&mut holders, 99, 30.0, 10 * S + S / 2, 3 * S);
+    assert_eq!(super::report(&mut holders, &ask(0), 10 * S + S / 2), None);
+    let me = holders.iter().find(|h| !h.rls).copied().unwrap();
+    assert_eq!(me.reserved_since_us, 10 * S);
+    // A whole window after it was made, the room RLS left is the gateway's: its part.
+    record_demand(&mut holders, 99, 30.0, 11 * S, 3 * S);
+    let g = super::report(&mut holders, &ask(0), 11 * S).unwrap();
+    assert_eq!(g.per_second(), 5.0);
+    let me = holders.iter().find(|h| !h.rls).copied().unwrap();
+    assert_eq!((me.granted, me.reserved_since_us), (5.0, 0));
+    assert!(!is_reserving(&holders, 1));
+    // A stream that ends while reserving claims only what it was granted.
+    let mut holders = Vec::new();
+    record_demand(&mut holders, 99, 30.0, 10 * S, 3 * S);
+    super::report(&mut holders, &ask(3), 10 * S);
+    let me = holders.iter().find(|h| !h.rls).copied().unwrap();
+    assert_eq!((me.granted_rate, me.claim_rate), (3.0, 5.0));
+    release(&mut holders, 1, 10 * S + 1);
+    let me = holders.iter().find(|h| !h.rls).copied().unwrap();
+    assert_eq!(me.claim_rate, 3.0);
+}
+
+/// On a fixed window, a reservation counts as its own from the next window on (every hit of
+/// the current one was counted with it standing).
+#[test]
+fn a_reservation_on_a_fixed_window_stands_from_the_next_window() {
+    const S: u64 = 1_000_000;
+    let fixed = super::super::Limit {
+        algorithm: super::super::Algorithm::FixedWindow,
+        requests: 10,
+        window_us: S,
+        burst: 10,
+    };
+    assert!(!stood_a_window(10 * S + 1, &fixed, 10 * S + S / 2));
+    assert!(stood_a_window(10 * S + 1, &fixed, 11 * S));
+    assert!(stood_a_window(10 * S, &fixed, 10 * S + S / 2));
+    let sliding = super::super::Limit {
+        algorithm: super::super::Algorithm::SlidingWindow,
+        ..fixed
+    };
+    assert!(!stood_a_window(10 * S + 1, &sliding, 11 * S));
+    assert!(stood_a_window(10 * S, &sliding, 11 * S));
+}

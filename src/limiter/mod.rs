@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::algorithm::{Algorithm, ChargeMode, Check, Decision};
+use crate::store::quota::RlsTally;
 use crate::store::{SharedFactors, Store, StoreError, all_failed};
 use crate::telemetry::{KindLabels, LogThrottle, Metrics, ModeLabels};
 use deny_cache::DenyCache;
@@ -42,6 +43,8 @@ pub struct Limiter {
     /// An outage at thousands of calls per second logs once a second, not once a call.
     failure_log: LogThrottle,
     deny_cache: Option<DenyCache>,
+    /// Where refusals the deny cache answers on held descriptors count as RLS demand.
+    tally: Option<Arc<RlsTally>>,
 }
 
 impl Limiter {
@@ -71,7 +74,15 @@ impl Limiter {
             metrics,
             failure_log: LogThrottle::default(),
             deny_cache: config.deny_cache.map(DenyCache::new),
+            tally: None,
         }
+    }
+
+    /// Tallies the refusals its deny cache answers on held descriptors as RLS demand (the
+    /// store tallies the rest: `RlsTally`).
+    pub fn with_tally(mut self, tally: Option<Arc<RlsTally>>) -> Self {
+        self.tally = tally;
+        self
     }
 
     fn log_failure(&self, error: &StoreError, failed: usize, checks: usize) {
@@ -134,6 +145,14 @@ impl Limiter {
             })
             .collect();
         let hits = cached.iter().filter(|c| c.is_some()).count();
+        // A remembered refusal on a descriptor gateways hold part of is still RLS demand.
+        if hits > 0
+            && let Some(tally) = &self.tally
+        {
+            for (check, _) in checks.iter().zip(&cached).filter(|(_, c)| c.is_some()) {
+                tally.note_remembered(&check.key, check.hits);
+            }
+        }
         // The usual case, nothing cached: the checks go to the store as they are, uncopied.
         let stored = if hits == 0 {
             self.check_store(checks, mode).await?

@@ -2,9 +2,11 @@
 //! part of go to the quota store as this replica's demand, so that the gateways' next shares
 //! leave RLS its part. (What the gateways hold, RLS checks count in the store itself, from the
 //! holder table: nothing is read back here.) And on a store shared by replicas, a replica that
-//! serves RLQS says so, and one that does not starts counting the grants' claims when another
-//! does (`QuotaStore::in_use`: a deployment without RLQS never pays for them). A failure is
-//! logged (throttled) and counted. It must never block the RLS path.
+//! serves RLQS says so, and one that does not looks every second whether another does, its RLS
+//! checks counting the grants' claims from its start until a look finds none and while one
+//! does (`QuotaStore::in_use`: a deployment without RLQS never pays for them, one with it never
+//! misses a claim). A failure is logged (throttled) and counted. It must never block the RLS
+//! path.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,24 +32,24 @@ pub struct Keeper {
     pub serves_rlqs: bool,
 }
 
-/// How often a replica that does not serve RLQS looks whether another on its store does: its
-/// RLS checks count the claims within this of the first such replica's start.
-pub const IN_USE_POLL: u32 = 5;
-
 impl Keeper {
-    /// Every `round`: announce RLQS or look for it (the first round at once).
-    async fn in_use(&self, round: u32, log: &LogThrottle) {
+    /// Every round: a replica that serves RLQS sets its flag at once, again every round until
+    /// it is set and every `IN_USE_FOR / 3` after (for as long as its grants' claims stand); a
+    /// replica that does not looks every round whether one does (its RLS checks count the
+    /// claims from its start until a look finds none, and while a flag stands).
+    async fn in_use(&self, round: u32, said: &mut bool, log: &LogThrottle) {
         let deadline = Instant::now() + EVERY;
         let every = u32::try_from(IN_USE_FOR.as_secs() / 3).unwrap_or(10).max(1);
         if self.serves_rlqs {
-            if round.is_multiple_of(every)
-                && let Err(error) = self.quota.announce(deadline).await
-            {
-                self.failed(&error, "could not say this replica serves RLQS: replicas that do not start counting the grants' claims later", log);
+            if !*said || round.is_multiple_of(every) {
+                match self.quota.announce(deadline).await {
+                    Ok(_) => *said = true,
+                    Err(error) => self.failed(&error, "could not say this replica serves RLQS: its grants wait until it has, and the others' RLS checks count their claims", log),
+                }
             }
-        } else if round.is_multiple_of(IN_USE_POLL) {
+        } else {
             match self.quota.in_use(deadline).await {
-                Ok(on) => self.quota.set_claims_counted(on),
+                Ok(found) => self.quota.set_in_use(found),
                 Err(error) => tracing::debug!(%error, "RLQS use not read; as it was"),
             }
         }
@@ -92,6 +94,17 @@ impl Keeper {
     }
 }
 
+/// The first look (or, serving RLQS, the first flag), within `EVERY`; a failure leaves it to
+/// the task's first rounds.
+pub async fn first_look(quota: &dyn QuotaStore, serves_rlqs: bool) {
+    let deadline = Instant::now() + EVERY;
+    if serves_rlqs {
+        let _ = tokio::time::timeout_at(deadline, quota.announce(deadline)).await;
+    } else if let Ok(Ok(found)) = tokio::time::timeout_at(deadline, quota.in_use(deadline)).await {
+        quota.set_in_use(found);
+    }
+}
+
 /// Runs `keeper` every `EVERY` until `stop`.
 pub fn spawn(keeper: Keeper, mut stop: tokio::sync::watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -100,12 +113,13 @@ pub fn spawn(keeper: Keeper, mut stop: tokio::sync::watch::Receiver<bool>) -> Jo
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut since = Instant::now();
         let mut round: u32 = 0;
+        let mut said = false;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
-            keeper.in_use(round, &log).await;
+            keeper.in_use(round, &mut said, &log).await;
             round = round.wrapping_add(1);
             let started = Instant::now();
             keeper.once(since, &log).await;

@@ -138,6 +138,10 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
     // descriptors goes to the gateways' shares as RLS demand, every second (`store::limiter`
     // says on which replicas).
     if let Some(tally) = &quota.tally {
+        // Once before serving, so that the first RLS checks already count the claims as they
+        // should (or, where no replica serves RLQS, pay nothing for them), and a replica that
+        // serves RLQS starts its flag's clock (`demand`).
+        demand::first_look(quota.store.as_ref(), settings.rlqs.rlqs).await;
         tasks.push(demand::spawn(
             demand::Keeper {
                 quota: quota.store.clone(),

@@ -123,7 +123,8 @@ pub(super) fn limiter(
                 }),
             };
             (
-                Limiter::with_policy(store, config, fallback, metrics.clone()),
+                Limiter::with_policy(store, config, fallback, metrics.clone())
+                    .with_tally(tally.clone()),
                 quota,
             )
         }

@@ -7,6 +7,7 @@ pub mod memory;
 pub mod quota;
 pub mod redis;
 pub mod split;
+pub mod tally;
 
 use std::future::Future;
 use std::pin::Pin;

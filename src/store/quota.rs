@@ -116,29 +116,47 @@ pub trait QuotaStore: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
 
-    /// Says, for `IN_USE_FOR`, that a replica serves RLQS on this store (a store shared by
-    /// replicas: the others' RLS checks start counting the grants' claims, `in_use`).
-    fn announce(&self, _deadline: Instant) -> DoneFuture<'_> {
+    /// Says that this replica serves RLQS on this store (a store shared by replicas), for at
+    /// least `IN_USE_FOR` and as long as the claims of its grants stand: every replica's RLS
+    /// checks count the grants' claims meanwhile (`in_use`). Answers how long until every
+    /// replica has seen it; this replica's grants wait until then (`settled`).
+    fn announce(&self, _deadline: Instant) -> AnnounceFuture<'_> {
+        Box::pin(std::future::ready(Ok(std::time::Duration::ZERO)))
+    }
+
+    /// How much longer a flag that a replica serves RLQS on this store stands (`None`: none
+    /// does).
+    fn in_use(&self, _deadline: Instant) -> InUseFuture<'_> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    /// What a look (`in_use`) found, for this replica's RLS checks on this store (a store whose
+    /// checks always count the claims, as this replica's memory, ignores it).
+    fn set_in_use(&self, _found: Option<std::time::Duration>) {}
+
+    /// Waits until this replica's grants are seen by every replica's RLS checks (its flag
+    /// settled), at most until `deadline`, else says why not. A store of one replica is.
+    fn settled(&self, _deadline: Instant) -> DoneFuture<'_> {
         Box::pin(std::future::ready(Ok(())))
     }
-
-    /// Whether a replica serving RLQS on this store announced itself within `IN_USE_FOR`.
-    fn in_use(&self, _deadline: Instant) -> InUseFuture<'_> {
-        Box::pin(std::future::ready(Ok(false)))
-    }
-
-    /// Has this replica's RLS checks on this store count the claims, or stop (a store whose
-    /// checks always count them, as this replica's memory, ignores it).
-    fn set_claims_counted(&self, _on: bool) {}
 }
 
 pub type DoneFuture<'a> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'a>>;
 
-pub type InUseFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+pub type AnnounceFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<std::time::Duration, StoreError>> + Send + 'a>>;
 
-/// How long one announcement that a replica serves RLQS stands (each such replica renews it
-/// every `IN_USE_FOR / 3`).
+pub type InUseFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<std::time::Duration>, StoreError>> + Send + 'a>>;
+
+/// How long one announcement that a replica serves RLQS stands at least (each such replica
+/// renews it every `IN_USE_FOR / 3`, and for as long as its grants' claims stand).
 pub const IN_USE_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long after a replica first says it serves RLQS on a store every replica has seen it: each
+/// looks every second (a look answered within half a second, a check sent before it was
+/// answered on its way for a few milliseconds more).
+pub const IN_USE_SEEN: std::time::Duration = std::time::Duration::from_millis(1_500);
 
 /// Where a store on this replica's memory finds the gateways' claims (`MemoryQuota::claimed`)
 /// for its RLS checks, and tallies their hits on the descriptors gateways hold.
@@ -184,49 +202,6 @@ impl MemoryClaims {
 pub struct Held {
     pub claimed: u64,
     pub keep_until_us: u64,
-}
-
-/// RLS hits on descriptors gateways hold part of, tallied between two pushes to the quota store
-/// as demand-only asks, so that the gateways' fair shares leave RLS its part. Bounded: a
-/// descriptor past `MAX_QUOTA_KEYS` is not tallied until the next push.
-#[derive(Default)]
-pub struct RlsTally {
-    /// Per descriptor tag: hits seen, the descriptor's rate (requests per second).
-    map: Mutex<HashMap<String, (u64, f64)>>,
-}
-
-impl RlsTally {
-    /// An RLS charge of `hits` on `counter_key`, a layer of `capacity` requests a second.
-    pub fn note(&self, counter_key: &str, hits: u64, capacity: f64) {
-        if hits == 0 {
-            return;
-        }
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = map.get_mut(counter_key) {
-            entry.0 = entry.0.saturating_add(hits);
-            entry.1 = capacity;
-        } else if map.len() < MAX_QUOTA_KEYS {
-            map.insert(counter_key.to_owned(), (hits, capacity));
-        }
-    }
-
-    /// Everything tallied since the last take, per descriptor: (tag, hits, rate). Each layer of
-    /// a descriptor counts the same hits: a descriptor's are its busiest layer's, at its
-    /// lowest rate.
-    pub fn take(&self) -> Vec<(String, u64, f64)> {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        let mut tags: HashMap<String, (u64, f64)> = HashMap::new();
-        for (key, (hits, rate)) in map.drain() {
-            let entry = tags
-                .entry(descriptor_tag(&key).to_owned())
-                .or_insert((0, f64::INFINITY));
-            entry.0 = entry.0.max(hits);
-            entry.1 = entry.1.min(rate);
-        }
-        tags.into_iter()
-            .map(|(tag, (hits, rate))| (tag, hits, rate))
-            .collect()
-    }
 }
 
 /// The rules one replica's table holds at most; past it, a new rule is refused (until grants
@@ -310,7 +285,9 @@ impl MemoryQuota {
             return Ok(None);
         }
         let grant = share::report(holders, &ask.report(), now);
-        if share::is_short(holders, ask.capacity, ask.gateway, now) {
+        if share::is_short(holders, ask.capacity, ask.gateway, now)
+            || share::is_reserving(holders, ask.gateway)
+        {
             let mut contested = self.contested.lock().unwrap_or_else(|p| p.into_inner());
             contested.retain(|_, until| *until > now);
             if contested.len() < MAX_CONTESTED || contested.contains_key(&ask.key) {
@@ -375,6 +352,8 @@ impl MemoryQuota {
         })
     }
 }
+
+pub use super::tally::RlsTally;
 
 #[cfg(test)]
 #[path = "quota_tests.rs"]

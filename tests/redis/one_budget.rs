@@ -85,6 +85,8 @@ async fn rls_checks_count_the_grants_claims_in_redis_as_in_the_model() {
                     rls,
                     since_us,
                     claim_rate: if rls { 0.0 } else { rate },
+                    granted_rate: if rls { 0.0 } else { rate },
+                    reserved_since_us: 0,
                     keep_until_us: expires_us + window_us,
                 }
             })
@@ -179,6 +181,8 @@ async fn a_bucket_beside_a_grant_is_kept_while_the_grant_claims_it() {
         rls: false,
         since_us: now - 4 * S,
         claim_rate: 1.0,
+        granted_rate: 1.0,
+        reserved_since_us: 0,
         keep_until_us: now + 30 * S,
     };
     cli(

@@ -47,6 +47,13 @@ impl Inner {
         state: &mut StreamState,
         gateway: u64,
     ) -> Result<RateLimitQuotaResponse, Refusal> {
+        // A replica's first grants on a shared store wait until every replica's RLS checks
+        // count their claims (a few seconds after the first replica serving RLQS on a Redis
+        // starts): the answer comes that much later, while the gateway keeps what it had; the
+        // report is read, paced and charged after the wait, as if it came then. Past it, the
+        // store refuses the grants (the failure mode assigns).
+        let seen = Instant::now() + crate::store::quota::IN_USE_SEEN + self.config.store_timeout;
+        let _ = self.quota.settled(seen).await;
         let now = self.pace(state).await;
         let domain = super::bounds::stream_domain(state, &report.domain)?;
         if let Some(last) = state.last_report {

@@ -15,8 +15,8 @@ use super::cluster_batch::slot_of;
 use super::connection::Backend;
 use crate::algorithm::share::{MAX_HOLDERS, Tokens};
 use crate::store::quota::{
-    Ask, AskKind, CONTESTED_US, ContestedFuture, DoneFuture, GrantFuture, Grants, IN_USE_FOR,
-    InUseFuture, MAX_CONTESTED, QuotaStore,
+    AnnounceFuture, Ask, AskKind, CONTESTED_US, ContestedFuture, DoneFuture, GrantFuture, Grants,
+    IN_USE_FOR, IN_USE_SEEN, InUseFuture, MAX_CONTESTED, QuotaStore,
 };
 use crate::store::{StoreError, in_call_order};
 
@@ -29,6 +29,7 @@ const QUOTA: &str = concat!(
 const MAX_ASKS_PER_CALL: usize = 200;
 const CONTEST: &str = include_str!("../../../lua/quota_contest.lua");
 const CONTESTED: &str = include_str!("../../../lua/quota_contested.lua");
+const IN_USE: &str = include_str!("../../../lua/quota_in_use.lua");
 
 /// One ask's reply from `lua/quota.lua`: tokens per fill, fill seconds, short (1).
 type ScriptGrant = (u32, u32, u8);
@@ -150,6 +151,18 @@ fn rooms_arg(rooms: &[crate::algorithm::share::Room]) -> String {
 impl QuotaStore for RedisStore {
     fn grant<'a>(&'a self, asks: &'a [Ask], deadline: Instant) -> GrantFuture<'a> {
         Box::pin(async move {
+            // A grant's claim is counted by every replica's RLS checks only once each has seen
+            // this replica's flag; and the flag must stand as long as the claim may.
+            let grants = asks.iter().filter(|a| a.kind == AskKind::Grant);
+            for ask in grants.clone() {
+                let stand = ask.ttl_us.saturating_add(ask.window_us);
+                self.granted_until(std::time::Duration::from_micros(stand));
+            }
+            if grants.count() > 0
+                && let Err(error) = self.settled(deadline).await
+            {
+                return asks.iter().map(|_| Err(error.clone())).collect();
+            }
             // Cluster: one call per slot. Standalone and Sentinel: one call.
             let cluster = matches!(self.backend, Backend::Cluster(_));
             let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
@@ -182,6 +195,16 @@ impl QuotaStore for RedisStore {
                         (members.to_vec(), answers)
                     });
             let granted = in_call_order(asks.len(), parts);
+            // A claim longer than the flag stands: the flag set again at once, so that no
+            // replica stops counting while the claim stands.
+            if self.flag_outlived()
+                && let Err(error) = self.announce(deadline).await
+            {
+                self.metrics.quota.demand_errors.inc();
+                if let Some(skipped) = self.quota_log.allow() {
+                    tracing::warn!(%error, similar_not_logged = skipped, "RLQS flag not lengthened to its grants' claims: replicas that do not serve RLQS may stop counting them when it ends");
+                }
+            }
             // Contested descriptors, for every replica's push round; a failure here costs only
             // the push (the shrinking gateways shrink at their next report instead).
             let short: Vec<(&str, i64)> = asks
@@ -213,29 +236,45 @@ impl QuotaStore for RedisStore {
         "redis"
     }
 
-    fn announce(&self, deadline: Instant) -> DoneFuture<'_> {
+    fn announce(&self, deadline: Instant) -> AnnounceFuture<'_> {
         Box::pin(async move {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(self.in_use_key())
+            let stand = self.claims_stand(IN_USE_FOR);
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(IN_USE)
                 .arg(1)
-                .arg("PX")
-                .arg(IN_USE_FOR.as_millis() as u64);
-            self.query(cmd, deadline).await.map(|_| ())
+                .arg(self.in_use_key())
+                .arg(u64::try_from(stand.as_millis()).unwrap_or(u64::MAX))
+                .arg(IN_USE_SEEN.as_millis() as u64);
+            let left: u64 = redis::from_redis_value(self.query(cmd, deadline).await?)
+                .map_err(|e| StoreError::Protocol(format!("RLQS in use: {e}")))?;
+            let settled_in = std::time::Duration::from_millis(left);
+            self.announced(stand, settled_in);
+            Ok(settled_in)
         })
     }
 
     fn in_use(&self, deadline: Instant) -> InUseFuture<'_> {
         Box::pin(async move {
-            let mut cmd = redis::cmd("EXISTS");
+            let mut cmd = redis::cmd("PTTL");
             cmd.arg(self.in_use_key());
-            let found: i64 = redis::from_redis_value(self.query(cmd, deadline).await?)
+            let left: i64 = redis::from_redis_value(self.query(cmd, deadline).await?)
                 .map_err(|e| StoreError::Protocol(format!("RLQS in use: {e}")))?;
-            Ok(found > 0)
+            Ok(match left {
+                // No flag.
+                -2 => None,
+                // A flag without a TTL (set by hand): as one that stands its least.
+                -1 => Some(IN_USE_FOR),
+                ms => Some(std::time::Duration::from_millis(ms.max(0) as u64)),
+            })
         })
     }
 
-    fn set_claims_counted(&self, on: bool) {
-        RedisStore::set_claims_counted(self, on);
+    fn set_in_use(&self, found: Option<std::time::Duration>) {
+        RedisStore::set_in_use(self, found);
+    }
+
+    fn settled(&self, deadline: Instant) -> DoneFuture<'_> {
+        Box::pin(RedisStore::settled(self, deadline))
     }
 
     fn contested(&self, deadline: Instant) -> ContestedFuture<'_> {
