@@ -89,6 +89,13 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// When `key`'s counter expires (µs on the store's clock), if it is held: what a model test
+    /// compares a Redis key's expiry with (every key's TTL is its counter's).
+    pub fn expires_at_us(&self, key: &str) -> Option<u64> {
+        let shard = self.lock(self.shard_index(key));
+        shard.get(key).map(|e| e.expires_at_us)
+    }
+
     /// Runs one check at `now_us`, charged (or refunded). Public so that model tests can drive
     /// exact clock readings.
     pub fn check_at(&self, check: &Check, now_us: u64) -> Result<Decision, StoreError> {

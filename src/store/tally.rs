@@ -89,7 +89,6 @@ impl RlsTally {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,7 +40,7 @@ async fn the_production_path_reads_redis_time_not_the_callers_clock() {
 }
 
 #[tokio::test]
-async fn every_key_has_a_ttl_no_longer_than_its_rule_and_hostile_descriptors_never_share_one() {
+async fn every_key_lives_as_long_as_its_rule_needs_and_hostile_descriptors_never_share_one() {
     let redis = RedisServer::start();
     let server = TestServer::start_with(&[("h.yaml", common::redis::HOSTILE_RULES)], |s| {
         common::redis::redis_settings(s, &redis);
@@ -65,6 +65,12 @@ async fn every_key_has_a_ttl_no_longer_than_its_rule_and_hostile_descriptors_nev
         "",
         &long,
     ];
+    let redis_ms = || -> u64 {
+        let time = cli(redis.port, &["TIME"]);
+        let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+        parts.next().unwrap() * 1000 + parts.next().unwrap() / 1000
+    };
+    let before = redis_ms();
     for algo in ["sliding", "bucket", "fixed"] {
         for value in values {
             let r = server.ok(request("hostile", &[&[(algo, value)]])).await;
@@ -85,15 +91,34 @@ async fn every_key_has_a_ttl_no_longer_than_its_rule_and_hostile_descriptors_nev
         3 * values.len(),
         "one distinct key per descriptor"
     );
+    let after = redis_ms();
+    const HOUR: u64 = 3_600_000;
     for key in keys {
         let shown = String::from_utf8_lossy(&key[..key.len().min(60)]).into_owned();
         assert!(key.starts_with(b"portcullis:{hostile|"), "{shown}");
-        let ttl_ms: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
-        assert!(ttl_ms > 0, "{shown} has no TTL ({ttl_ms})");
-        // One hour, plus a tenth for the sliding window's last sub-window.
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&key)
+            .query(&mut conn)
+            .unwrap();
+        assert!(at > 0, "{shown} has no TTL ({at})");
+        let at = at as u64;
+        // Each holds one hit of an hour's rule, written between `before` and `after` (Redis'
+        // clock, ms): it must outlive what the hit counts in (an earlier end hands the hour
+        // out again) and no longer than the rule needs.
+        let (least, most) = match () {
+            // Forgotten 1 to 1 + 1/60 hours after the hit (a minute's sub-window).
+            _ if key.windows(6).any(|w| w == b":sw60:") => (before + HOUR, after + HOUR + 60_000),
+            // Full again an hour after the hit (GCRA's TAT), to the millisecond up.
+            _ if key.windows(4).any(|w| w == b":tb:") => (before + HOUR, after + HOUR + 1),
+            // Its hour's end (the test stays within one hour, or the two bounds are its ends).
+            _ => (
+                before.div_ceil(HOUR) * HOUR,
+                after.div_ceil(HOUR) * HOUR + 1,
+            ),
+        };
         assert!(
-            ttl_ms <= 3_960_000,
-            "{shown}: {ttl_ms} ms is longer than its rule needs"
+            (least..=most).contains(&at),
+            "{shown}: expires at {at} ms, not within {least}..={most}"
         );
     }
     server.stop().await;
