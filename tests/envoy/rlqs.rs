@@ -43,15 +43,18 @@ async fn a_gateway_offered_three_times_the_rate_converges_to_it() {
         settled.len(),
         admitted as f64 / seconds
     );
-    // Ten a second, plus at most one bucket (ten) of burst.
-    let most = (10.0 * seconds).ceil() as usize + 10;
+    // docs/envoy.md's bound: ten a second, plus the bucket carried in and one per assignment
+    // change. The bucket holds a tenth of a second of the share (1 of 10), two tokens at least:
+    // 2; the assignment changes at the reports, every 5 s: at most 3 times in 11 s.
+    let most = (10.0 * seconds).ceil() as usize + 2 * (1 + 3);
     assert!(
         admitted <= most,
         "{admitted} admitted in {seconds:.1} s at 10/s (at most {most}): {answers:?}\n{}",
         portcullis.log()
     );
-    // And not everything refused: the rate is delivered (what was offered allowing).
-    let least = ((10.0 * seconds) as usize).min(settled.len()) * 6 / 10;
+    // And the rate is delivered, what was offered allowing (nine tenths: a bucket refills
+    // between requests, not at them).
+    let least = ((10.0 * seconds) as usize).min(settled.len()) * 9 / 10;
     assert!(
         admitted >= least,
         "{admitted} admitted in {seconds:.1} s, expected at least {least}: {answers:?}\n{}\n{}",
@@ -91,17 +94,20 @@ async fn two_buckets_on_one_shared_counter_share_its_rate() {
     eprintln!(
         "RLQS, two buckets on one 10/s counter: {got_a} of {sent_a} + {got_b} of {sent_b} admitted in 7 s"
     );
-    // The rate, and one bucket (a second of the share) each time an assignment changes.
+    // docs/envoy.md's bound: the rate, plus per bucket the one it carries in and one per
+    // assignment change: each holds two tokens (a tenth of a second of its 5/s, two at least),
+    // its assignment changes at most twice in 7 s (reports every 5 s).
     assert!(
-        got_a + got_b <= 70 + 2 * 10,
+        got_a + got_b <= 70 + 2 * 2 * (1 + 2),
         "{got_a} + {got_b} admitted in 7 s at 10/s\n{}",
         portcullis.log()
     );
+    // The rate delivered (within a sixth), and each its half (within a fifth): neither starved.
     assert!(
-        got_a + got_b >= 70 * 6 / 10,
+        got_a + got_b >= 70 * 5 / 6,
         "{got_a} + {got_b} admitted in 7 s"
     );
-    assert!(got_a >= 15 && got_b >= 15, "each a part: {got_a}, {got_b}");
+    assert!(got_a >= 28 && got_b >= 28, "each a part: {got_a}, {got_b}");
 }
 
 /// A rate that is no whole number a second (90 a minute, 1.5/s) is granted as 15 tokens every
@@ -175,15 +181,18 @@ async fn a_second_gateway_has_its_fair_part_within_two_seconds() {
     eprintln!(
         "RLQS, a second gateway from 2 s after its arrival: {got_b} of {sent_b} admitted in 6 s; the first meanwhile {got_a} of {sent_a}"
     );
-    // Its fair part, less one fill (a second of it), over 6 s: 30 - 5.
+    // Its fair part over 6 s, 30, within a fifth (the first report's grant is the whole rule
+    // less what the first holds; its share comes at the push that follows).
     assert!(
-        got_b >= 25 * 8 / 10,
+        got_b >= 30 * 8 / 10,
         "{got_b} admitted in 6 s at a fair 5/s\n{}\n{}",
         first.log(),
         second.log()
     );
+    // docs/envoy.md's bound: per gateway a bucket of two carried in and one per change, at
+    // most twice in 6 s.
     assert!(
-        got_a + got_b <= 60 + 2 * 10,
+        got_a + got_b <= 60 + 2 * 2 * (1 + 2),
         "{got_a} + {got_b} in 6 s at 10/s"
     );
 }
@@ -220,8 +229,9 @@ async fn eleven_gateways_on_ten_a_second_admit_at_least_nine() {
         sent += s;
     }
     eprintln!("RLQS, eleven gateways on 10/s, each offered 3/s: {got} of {sent} admitted in 10 s");
+    // What the name says: at least nine a second.
     assert!(
-        got >= 90 * 9 / 10,
+        got >= 90,
         "{got} admitted in 10 s, at least 9/s expected\n{}",
         portcullis.log()
     );
@@ -257,31 +267,36 @@ async fn two_gateways_share_one_budget(store_args: &[&str]) {
     eprintln!(
         "RLQS, two gateways on two replicas ({store_args:?}), both offered 30/s against 10/s for {seconds} s: {got_a} + {got_b} admitted of {sent_a} + {sent_b}"
     );
-    // Within the rate, plus one bucket (a second of its share) per gateway per assignment change.
-    let most = (10.0 * seconds) as usize + 2 * 10;
+    // docs/envoy.md's bound: the rate, plus per gateway its bucket of two (a tenth of a second
+    // of its 5/s, two at least) carried in and one per assignment change (reports every 5 s:
+    // at most twice in 8 s).
+    let most = (10.0 * seconds) as usize + 2 * 2 * (1 + 2);
     assert!(
         got_a + got_b <= most,
         "{got_a} + {got_b} > {most}\n{}\n{}",
         first.log(),
         second.log()
     );
-    // Each a fair part: neither below a third of the rate.
-    let fair = (10.0 * seconds / 2.0 * 0.6) as usize;
+    // Each a fair part: neither below four fifths of its half; the rate delivered within a sixth.
+    let fair = (10.0 * seconds / 2.0 * 0.8) as usize;
     assert!(
         got_a >= fair && got_b >= fair,
         "{got_a} and {got_b}: each at least {fair}"
     );
+    let least = (10.0 * seconds * 5.0 / 6.0) as usize;
+    assert!(got_a + got_b >= least, "{got_a} + {got_b} < {least}");
     // The first gone idle: the second converges to the whole rate (its last 6 s).
     let (from, to) = (Duration::from_secs(29), Duration::from_secs(35));
     let (alone, sent) = admitted_in(&answers_b, from, to);
     let seconds = (to - from).as_secs_f64();
     eprintln!("RLQS, then the second alone: {alone} of {sent} admitted in {seconds} s");
+    // Its bucket of two carried in and one per change (at most twice in 6 s).
     assert!(
-        alone <= (10.0 * seconds) as usize + 10,
+        alone <= (10.0 * seconds) as usize + 2 * (1 + 2),
         "{alone} in {seconds} s"
     );
     assert!(
-        alone >= (10.0 * seconds * 0.8) as usize,
+        alone >= (10.0 * seconds * 0.9) as usize,
         "{alone} in {seconds} s: not the whole rate"
     );
 }

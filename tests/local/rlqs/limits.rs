@@ -78,10 +78,15 @@ async fn streams_buckets_and_reports_are_bounded() {
         status.message().contains("more than 3 buckets"),
         "{status:?}"
     );
-    // A third stream while two are open is refused at once.
+    // Two's stream ended with its error: its place is free at once, and a third stream fits
+    // beside one (a limit that never freed an errored stream would refuse it here).
     let mut three = Gateway::open(&server).await;
-    let _ = three.report("edge", &[(&[("tenant", "z")], 1, 0)]).await;
-    // (two's stream ended above, so three fits; a fourth does not.)
+    let actions = three
+        .report("edge", &[(&[("tenant", "z")], 1, 0)])
+        .await
+        .expect("a stream in the place the errored one freed");
+    assert_eq!(actions.len(), 1, "{actions:?}");
+    // With one and three open, a fourth is refused at once.
     let addr = server.running.as_ref().unwrap().grpc_addr;
     let mut client = RateLimitQuotaServiceClient::connect(format!("http://{addr}"))
         .await
