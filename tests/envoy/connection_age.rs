@@ -84,3 +84,63 @@ async fn a_replica_added_behind_one_address_gets_calls_within_the_connection_age
 async fn without_a_connection_age_an_added_replica_gets_no_calls() {
     assert_eq!(scale_out(None).await, None);
 }
+
+/// The hard end, end to end through the real binary: a connection still busy at its age (a
+/// gateway's RLQS stream, which the GOAWAY at the age lets finish) is closed at age + grace, not
+/// before and not much after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_still_busy_at_its_age_is_closed_at_age_plus_grace() {
+    use portcullis::pb::rlqs::{RateLimitQuotaServiceClient, RateLimitQuotaUsageReports};
+    let rules = tempfile::tempdir().unwrap();
+    std::fs::write(rules.path().join("eg.yaml"), RULES).unwrap();
+    let (age, grace) = (Duration::from_secs(1), Duration::from_secs(2));
+    let replica = ServeProcess::spawn(
+        rules.path(),
+        &[
+            "--rlqs",
+            "--grpc-max-connection-age",
+            "1s",
+            "--grpc-max-connection-age-grace",
+            "2s",
+        ],
+        &[],
+        &[],
+    );
+    let opened = Instant::now();
+    let mut client = RateLimitQuotaServiceClient::connect(replica.grpc_url())
+        .await
+        .expect("connects");
+    let (tx, outbound) = tokio::sync::mpsc::channel::<RateLimitQuotaUsageReports>(4);
+    let mut answers = client
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(outbound))
+        .await
+        .expect("a stream")
+        .into_inner();
+    tx.send(RateLimitQuotaUsageReports {
+        domain: "eg".into(),
+        bucket_quota_usages: Vec::new(),
+    })
+    .await
+    .expect("report sent");
+    // The stream stays open (nothing else is sent) until the connection ends under it.
+    let ended = tokio::time::timeout(age + grace + Duration::from_secs(5), async {
+        loop {
+            match answers.message().await {
+                Ok(Some(_)) => continue,
+                _ => return opened.elapsed(),
+            }
+        }
+    })
+    .await
+    .expect("the connection outlived its age and grace by 5 s");
+    eprintln!("a busy connection of age 1 s and grace 2 s ended after {ended:?}");
+    assert!(
+        ended >= age + grace,
+        "ended after {ended:?}: before age + grace"
+    );
+    assert!(
+        ended <= age + grace + Duration::from_secs(1),
+        "ended after {ended:?}: long after age + grace"
+    );
+    drop(tx);
+}

@@ -75,6 +75,18 @@ fn clear_of_day_boundary() {
     }
 }
 
+/// Waits (bounded: 10 s) until the Go health path on `port` answers 200: the replica is ready
+/// (Redis answered).
+async fn await_healthy(server: &ServeProcess, port: u16) {
+    for _ in 0..200 {
+        if http(port, "GET", "/healthcheck", "").await.0 == 200 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("not ready within 10 s: {}", server.log());
+}
+
 /// What a Go deployment relies on, against whichever Redis `envs` names: three calls admitted,
 /// the fourth refused (fixed window), the Go endpoints on the Go ports.
 async fn serves_like_the_go_service(server: &ServeProcess, envs: &[(&str, String)], user: &str) {
@@ -82,15 +94,7 @@ async fn serves_like_the_go_service(server: &ServeProcess, envs: &[(&str, String
     // Kubernetes sends traffic once the readiness probe (the Go Deployment's /healthcheck) says
     // Redis answered; a call before that is answered by the failure mode, as it should be.
     let port = var(envs, "PORT");
-    let mut ready = false;
-    for _ in 0..200 {
-        if http(port, "GET", "/healthcheck", "").await.0 == 200 {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready, "ready within 10 s: {}", server.log());
+    await_healthy(server, port).await;
     let mut client = RateLimitServiceClient::connect(server.grpc_url())
         .await
         .expect("connect to GRPC_PORT");
