@@ -14,13 +14,18 @@
 -- ended, as algorithm::share::release), charged (1: the gateway's admissions up to now are in
 -- the rule's counters, its claim starts again), the rule's longest window (us), what its
 -- windows have left (algorithm::share::Room: per window "operation:window:remaining:span",
--- joined by ';'); then the most holders a rule keeps.
+-- joined by ';'); then the clock (0: Redis TIME; a fixed reading in us only in tests), then the
+-- most holders a rule keeps.
 -- Reply: {now_us, per key {tokens per fill, fill seconds, 1 when the gateway is short of its
 -- fair share (others hold it: the replica marks the descriptor contested) else 0}}; {0, 0, ...}
 -- for no grant.
 -- Appended to claims.lua (`holder`).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- The clock: Redis TIME (0; production always), or a fixed reading in us for tests.
+local now = tonumber(ARGV[#ARGV - 1])
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 local max_holders = tonumber(ARGV[#ARGV])
 local eps = 1e-9
 

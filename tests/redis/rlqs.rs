@@ -15,7 +15,6 @@ use crate::common::redis::{RedisCluster, RedisServer, connected_store, redis_set
 use crate::common::rlqs::{Gateway, assigned, tokens_per_second};
 use portcullis::algorithm::share::Room;
 use portcullis::algorithm::{Algorithm, Limit};
-use portcullis::clock::SystemClock;
 use portcullis::store::quota::{Ask, AskKind, MemoryQuota, QuotaStore};
 use portcullis::store::redis::Topology;
 use rand::rngs::StdRng;
@@ -24,20 +23,33 @@ use tokio::time::Instant;
 
 /// Random reports of five gateways on three rules, with RLS demand of three replicas, streams'
 /// ends, reports charged or not and windows' room among them, against Redis and against the
-/// memory model (on the wall clock, as Redis' `TIME`): the same grants, report after report, and
-/// at the end the same holder tables (what RLS checks count the claims of), but for the times.
+/// memory model on one clock (the script's fixed to the model's, a few seconds a step, grants
+/// living half a second to 20 s, so that grants expire, claims end and ended holders go): the
+/// same grants, report after report, and after every step the same holder tables (what RLS
+/// checks count the claims of), every field, every time.
 async fn grants_match_the_model(
-    store: &dyn QuotaStore,
+    store: &portcullis::store::RedisStore,
     port_of: &dyn Fn(&str) -> u16,
     prefix: &str,
     seed: u64,
 ) {
-    let model = MemoryQuota::new(Arc::new(SystemClock::default()));
+    // From Redis' own now: the tables' TTLs (set on the script's clock) stay in its future.
+    let time = common::redis::cli(port_of(&format!("{prefix}{{m{seed}|rule=0}}:q")), &["TIME"]);
+    let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+    let mut now = parts.next().unwrap() * 1_000_000 + parts.next().unwrap();
+    let clock = portcullis::clock::ManualClock::new(now);
+    let model = MemoryQuota::new(Arc::new(clock.clone()));
     let mut rng = StdRng::seed_from_u64(seed);
     let mut connections = std::collections::HashMap::new();
     let mut ports = std::collections::HashMap::new();
     let capacities = [10.0, 0.1, 2500.0 / 3600.0];
     for step in 0..300 {
+        now += [
+            0,
+            rng.random_range(0..200_000),
+            rng.random_range(0..3_000_000),
+        ][rng.random_range(0..3)];
+        clock.set_us(now);
         let asks: Vec<Ask> = (0..rng.random_range(1..=3))
             .map(|_| {
                 let rule = rng.random_range(0..3);
@@ -63,11 +75,11 @@ async fn grants_match_the_model(
                     } else {
                         rng.random_range(0.0..30.0)
                     },
-                    // Longer than the test: no grant expires in the middle of the comparison.
-                    ttl_us: 3_600_000_000,
+                    // Grants that end within the run, and ended ones that still claim.
+                    ttl_us: rng.random_range(500_000..20_000_000),
                     kind,
                     charged: rng.random_bool(0.7),
-                    window_us: 60_000_000,
+                    window_us: [1_000_000, 10_000_000, 60_000_000][rng.random_range(0..3)],
                     shortest_us: 1_000_000,
                     rooms: (0..rng.random_range(0..3))
                         .map(|_| Room {
@@ -95,7 +107,11 @@ async fn grants_match_the_model(
             .map(Result::unwrap)
             .collect();
         let got: Vec<_> = store
-            .grant(&asks, deadline)
+            .grant_with_clock(
+                &asks,
+                portcullis::store::redis::ScriptClock::Fixed(now),
+                deadline,
+            )
             .await
             .into_iter()
             .map(|g| g.expect("Redis grants"))
@@ -118,7 +134,7 @@ async fn grants_match_the_model(
                 .await
                 .expect("the holder table");
             assert_eq!(
-                table_lines(&table),
+                table_lines(&table, now),
                 model_lines(&model.holders(&tag)),
                 "step {step}, rule {rule}: {asks:?}"
             );
@@ -126,9 +142,8 @@ async fn grants_match_the_model(
     }
 }
 
-/// The model's holders as lines to compare with a Redis table: each holder's demand, grant and
-/// claim rate, and a reservation (or a claim holding one past what was granted) as its side
-/// field's line.
+/// The model's holders as lines to compare with a Redis table: every field of each holder, and
+/// a reservation (or a claim holding one past what was granted) as its side field's line.
 fn model_lines(holders: &[portcullis::algorithm::share::Holder]) -> Vec<String> {
     let mut lines: Vec<String> = holders
         .iter()
@@ -138,7 +153,10 @@ fn model_lines(holders: &[portcullis::algorithm::share::Holder]) -> Vec<String> 
             } else {
                 h.gateway.to_string()
             };
-            format!("{id} {} {} {}", h.demand, h.granted, h.claim_rate)
+            format!(
+                "{id} demand {} granted {} expires {} since {} claim {} keep {}",
+                h.demand, h.granted, h.expires_us, h.since_us, h.claim_rate, h.keep_until_us
+            )
         })
         .collect();
     lines.extend(
@@ -147,10 +165,8 @@ fn model_lines(holders: &[portcullis::algorithm::share::Holder]) -> Vec<String> 
             .filter(|h| h.reserved_since_us > 0 || h.granted_rate < h.claim_rate)
             .map(|h| {
                 format!(
-                    "v{} {} {}",
-                    h.gateway,
-                    h.reserved_since_us > 0,
-                    h.granted_rate
+                    "v{} reserved since {} granted {}",
+                    h.gateway, h.reserved_since_us, h.granted_rate
                 )
             }),
     );
@@ -158,16 +174,42 @@ fn model_lines(holders: &[portcullis::algorithm::share::Holder]) -> Vec<String> 
     lines
 }
 
-/// A Redis holder table (field, value) as `model_lines` writes the model's.
-fn table_lines(table: &[(String, String)]) -> Vec<String> {
-    let mut lines: Vec<String> = table
+/// A Redis holder table (field, value) as `model_lines` writes the model's holders kept at
+/// `now` (a table keeps ended holders until the script next touches it).
+fn table_lines(table: &[(String, String)], now: u64) -> Vec<String> {
+    let kept: Vec<&(String, String)> = table
         .iter()
+        .filter(|(field, value)| {
+            field.starts_with('v')
+                || value
+                    .rsplit(':')
+                    .next()
+                    .and_then(|k| k.parse::<u64>().ok())
+                    .is_some_and(|keep| keep > now)
+        })
+        .collect();
+    let holds = |id: &str| kept.iter().any(|(f, _)| f == id);
+    let mut lines: Vec<String> = kept
+        .iter()
+        .filter(|(field, _)| !field.starts_with('v') || holds(&field[1..]))
         .map(|(field, value)| {
-            let f: Vec<f64> = value.split(':').map(|n| n.parse().unwrap()).collect();
-            if field.starts_with('v') {
-                return format!("{field} {} {}", f[0] > 0.0, f[1]);
+            let f: Vec<&str> = value.split(':').collect();
+            if let Some(id) = field.strip_prefix('v') {
+                let since: u64 = f[0].parse().unwrap();
+                let rate: f64 = f[1].parse().unwrap();
+                return format!("v{id} reserved since {since} granted {rate}");
             }
-            format!("{field} {} {} {}", f[0], f[1], f[4])
+            let n = |i: usize| f[i].parse::<f64>().unwrap();
+            let t = |i: usize| f[i].parse::<u64>().unwrap();
+            format!(
+                "{field} demand {} granted {} expires {} since {} claim {} keep {}",
+                n(0),
+                n(1),
+                t(2),
+                t(3),
+                n(4),
+                t(5)
+            )
         })
         .collect();
     lines.sort();

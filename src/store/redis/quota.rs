@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::RedisStore;
 use super::cluster_batch::slot_of;
 use super::connection::Backend;
+use super::script::ScriptClock;
 use crate::algorithm::share::{MAX_HOLDERS, Tokens};
 use crate::store::quota::{
     AnnounceFuture, Ask, AskKind, CONTESTED_US, ContestedFuture, DoneFuture, GrantFuture, Grants,
@@ -81,6 +82,7 @@ impl RedisStore {
     async fn grant_group(
         &self,
         asks: &[&Ask],
+        clock: ScriptClock,
         deadline: Instant,
     ) -> Result<Vec<Granted>, StoreError> {
         let mut cmd = redis::cmd("EVAL");
@@ -105,7 +107,7 @@ impl RedisStore {
                 .arg(ask.window_us)
                 .arg(rooms_arg(&ask.rooms));
         }
-        cmd.arg(MAX_HOLDERS);
+        cmd.arg(clock.arg()).arg(MAX_HOLDERS);
         let reply = self.query(cmd, deadline).await?;
         let (now_us, grants): (i64, Vec<ScriptGrant>) = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Protocol(format!("quota script: {e}")))?;
@@ -148,9 +150,20 @@ fn rooms_arg(rooms: &[crate::algorithm::share::Room]) -> String {
     out
 }
 
-impl QuotaStore for RedisStore {
-    fn grant<'a>(&'a self, asks: &'a [Ask], deadline: Instant) -> GrantFuture<'a> {
-        Box::pin(async move {
+impl RedisStore {
+    /// `QuotaStore::grant` with the script's clock at `clock`: `ScriptClock::Fixed` for tests
+    /// that replay sequences against the memory model (every time compared exactly).
+    pub async fn grant_with_clock(
+        &self,
+        asks: &[Ask],
+        clock: ScriptClock,
+        deadline: Instant,
+    ) -> Grants {
+        self.grant_at(asks, clock, deadline).await
+    }
+
+    async fn grant_at(&self, asks: &[Ask], clock: ScriptClock, deadline: Instant) -> Grants {
+        {
             // A grant's claim is counted by every replica's RLS checks only once each has seen
             // this replica's flag; and the flag must stand as long as the claim may.
             let grants = asks.iter().filter(|a| a.kind == AskKind::Grant);
@@ -181,7 +194,7 @@ impl QuotaStore for RedisStore {
                 .flat_map(|members| members.chunks(MAX_ASKS_PER_CALL))
                 .map(|members| async move {
                     let group: Vec<&Ask> = members.iter().map(|i| &asks[*i]).collect();
-                    (members, self.grant_group(&group, deadline).await)
+                    (members, self.grant_group(&group, clock, deadline).await)
                 });
             let parts =
                 futures_util::future::join_all(calls)
@@ -229,7 +242,13 @@ impl QuotaStore for RedisStore {
                 .into_iter()
                 .map(|g| g.map(|g| g.tokens))
                 .collect::<Grants>()
-        })
+        }
+    }
+}
+
+impl QuotaStore for RedisStore {
+    fn grant<'a>(&'a self, asks: &'a [Ask], deadline: Instant) -> GrantFuture<'a> {
+        Box::pin(self.grant_at(asks, ScriptClock::RedisTime, deadline))
     }
 
     fn name(&self) -> &'static str {
