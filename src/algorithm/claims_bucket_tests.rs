@@ -69,7 +69,12 @@ fn run_bucket(
                 }
                 let held = held_by_others(&gw, g, now);
                 let granted = (rate / gateways as f64).min(rate - held).max(0.0);
-                if let Some(fill) = gw[g].assign(granted, now, now + ttl) {
+                // The bucket Envoy is sent by default: a tenth of the window of the share, two
+                // tokens at least (`share::Tokens::burst`).
+                let fill = crate::algorithm::share::quantize(granted).map_or(0, |t| {
+                    t.burst(crate::algorithm::share::burst_span(None, l.window_us))
+                });
+                if let Some(fill) = gw[g].assign(granted, f64::from(fill), now, now + ttl) {
                     history[g].push((now, fill));
                 }
             }

@@ -3,12 +3,15 @@
 
 use proptest::prelude::*;
 
-use super::tests::{Gateway, S, carried_at, end_stream, held_by_others, limit};
+use super::tests::{Gateway, S, Shares, carried_at, end_stream, limit};
 use super::*;
+use crate::algorithm::share;
 
 /// The same design on a sliding window, its counter an exact log of admissions: RLS admits when
-/// the last W's hits and every claim leave room; a report charges what the gateway admitted, at
-/// most its claim since its last report, and grants within the last W's room. Returns, for each
+/// the last W's hits and every claim of the holders `share::report` keeps leave room; a report
+/// charges what the gateway admitted, at most its claim since its last report, and is granted
+/// by `share::report` within the last W's room as the store reads it (the charge given back:
+/// `service::quota::charge`). Returns, for each
 /// admission, (admitted in the W ending there, the limit plus the fills of assignments made in
 /// it and one carried in per gateway).
 fn run_sliding(
@@ -22,12 +25,12 @@ fn run_sliding(
     let rate = l.per_second();
     let ttl = 11 * S;
     let mut gw: Vec<Gateway> = vec![Gateway::idle(); gateways];
+    let mut shares = Shares::default();
     // The counter: (time, hits) charged; every admission's time; every assignment's (time, fill).
     let mut counter: Vec<(u64, u64)> = Vec::new();
     let mut admissions: Vec<u64> = Vec::new();
     let mut fills: Vec<(u64, u64)> = Vec::new();
     let mut history: Vec<Vec<(u64, u64)>> = vec![Vec::new(); gateways];
-    // The claims of streams that ended: each keeps what its gateway may have admitted.
     let mut ended: Vec<Claim> = Vec::new();
     let in_window = |log: &[(u64, u64)], now: u64| -> u64 {
         log.iter()
@@ -39,22 +42,16 @@ fn run_sliding(
     for &(what, who, advance_ms) in steps {
         now += u64::from(advance_ms) * (w / 40_000).min(1000);
         let g = usize::from(who) % gateways;
-        let claims_of = |gw: &[Gateway], me: Option<usize>| -> Vec<Claim> {
-            gw.iter()
-                .enumerate()
-                .filter(|(i, _)| Some(*i) != me)
-                .map(|(_, g)| g.claim)
-                .chain(ended.iter().copied())
-                .collect()
-        };
         if what % 5 == 4 {
             end_stream(&mut gw[g], &mut ended, now);
+            shares.release(g, now);
             continue;
         }
         match what % 5 {
             0 | 1 => {
+                shares.rls_asks(rate, now);
                 for _ in 0..=who {
-                    let left = less(&l, claimed(&claims_of(&gw, None), &l, now));
+                    let left = less(&l, claimed(&shares.claims(now), &l, now));
                     if in_window(&counter, now) < left.requests {
                         counter.push((now, 1));
                         admissions.push(now);
@@ -71,13 +68,17 @@ fn run_sliding(
                     counter.push((now, charge));
                 }
                 let ends = now + ttl;
-                let span = ((ends - now).min(w)) as f64 / 1e6;
-                let taken = in_window(&counter, now) + claimed(&claims_of(&gw, Some(g)), &l, now);
-                let room = requests.saturating_sub(taken) as f64;
-                let held = held_by_others(&gw, g, now);
-                let fair = (rate / gateways as f64).min(rate - held).max(0.0);
-                let granted = fair.min(room / span);
-                if let Some(fill) = gw[g].assign(granted, now, ends) {
+                let left = less(&l, claimed(&shares.claims(now), &l, now));
+                let room = share::Room {
+                    limit: l,
+                    remaining: left
+                        .requests
+                        .saturating_sub(in_window(&counter, now))
+                        .saturating_add(charge),
+                    span_us: (ends - now).min(w),
+                };
+                let granted = shares.report(g, &l, room, ttl, now);
+                if let Some(fill) = gw[g].assign_tokens(granted, w, now, ends) {
                     fills.push((now, fill));
                     history[g].push((now, fill));
                 }

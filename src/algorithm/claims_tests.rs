@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::algorithm::share;
 
 pub(super) fn limit(algorithm: Algorithm, requests: u64, window_s: u64) -> Limit {
     Limit {
@@ -153,10 +154,16 @@ impl Gateway {
         charge
     }
 
-    /// Granted `granted` a second at `now` until `ends_us`; its claim starts again from now.
-    /// Envoy starts a new, full bucket when the assignment changed or the last one had ended:
-    /// then the new bucket's fill.
-    pub(super) fn assign(&mut self, granted: f64, now: u64, ends_us: u64) -> Option<u64> {
+    /// Granted `granted` a second at `now` until `ends_us`, in a bucket of `fill` tokens; its
+    /// claim starts again from now. Envoy starts a new, full bucket when the assignment changed
+    /// or the last one had ended: then the new bucket's fill.
+    pub(super) fn assign(
+        &mut self,
+        granted: f64,
+        fill: f64,
+        now: u64,
+        ends_us: u64,
+    ) -> Option<u64> {
         self.refill(now);
         let changed = granted != self.claim.rate || now >= self.claim.ends_us;
         self.claim = Claim {
@@ -167,10 +174,78 @@ impl Gateway {
         if !changed {
             return None;
         }
-        self.fill = granted.max(if granted > 0.0 { 1.0 } else { 0.0 });
+        self.fill = if granted > 0.0 { fill } else { 0.0 };
         self.tokens = self.fill;
         self.at_us = now;
         Some(self.fill.ceil() as u64)
+    }
+
+    /// `assign` of what `share::report` granted (`None`: nothing), in the bucket Envoy is sent
+    /// by default (`share::burst_span`: a tenth of `window_us` of the share, two tokens at
+    /// least).
+    pub(super) fn assign_tokens(
+        &mut self,
+        granted: Option<share::Tokens>,
+        window_us: u64,
+        now: u64,
+        ends_us: u64,
+    ) -> Option<u64> {
+        let rate = granted.map_or(0.0, share::Tokens::per_second);
+        let fill = granted.map_or(0, |t| t.burst(share::burst_span(None, window_us)));
+        self.assign(rate, f64::from(fill), now, ends_us)
+    }
+}
+
+/// The quota store's side of a model: the descriptor's holders as `share::report` keeps them
+/// (gateway `g` is holder `g + 1`, the replicas' RLS demand holder 0), whose claims every RLS
+/// check counts. The models grant by the same transition as the stores, not by a formula of
+/// their own.
+#[derive(Default)]
+pub(super) struct Shares {
+    pub(super) holders: Vec<share::Holder>,
+}
+
+impl Shares {
+    /// Every claim an RLS check at `now` counts (holders kept, `MemoryQuota::held`).
+    pub(super) fn claims(&self, now: u64) -> Vec<Claim> {
+        self.holders
+            .iter()
+            .filter(|h| h.keep_until_us > now)
+            .filter_map(share::Holder::claim)
+            .collect()
+    }
+
+    /// RLS calls on the descriptor: their demand (busy: three times the rate) for 3 s.
+    pub(super) fn rls_asks(&mut self, rate: f64, now: u64) {
+        share::record_demand(&mut self.holders, 0, 3.0 * rate, now, 3 * S);
+    }
+
+    /// Gateway `g`'s report at `now` (offered three times the rate; its admissions charged),
+    /// with what `room` the window has left: its grant.
+    pub(super) fn report(
+        &mut self,
+        g: usize,
+        l: &Limit,
+        room: share::Room,
+        ttl_us: u64,
+        now: u64,
+    ) -> Option<share::Tokens> {
+        let rate = l.per_second();
+        let report = share::Report {
+            capacity: rate,
+            gateway: g as u64 + 1,
+            demand: 3.0 * rate,
+            ttl_us,
+            charged: true,
+            window_us: l.window_us,
+            rooms: vec![room],
+        };
+        share::report(&mut self.holders, &report, now)
+    }
+
+    /// Gateway `g`'s stream ended at `now` (`share::release`).
+    pub(super) fn release(&mut self, g: usize, now: u64) {
+        share::release(&mut self.holders, g as u64 + 1, now);
     }
 }
 
@@ -216,22 +291,24 @@ pub(super) fn carried_at(history: &[Vec<(u64, u64)>], at_us: u64) -> u64 {
 }
 
 /// One rule shared by RLS and gateways under the one-budget design, on a fixed window: RLS
-/// checks count the gateways' claims; a report charges what the gateway admitted in the current
-/// window (at most its claim there) and grants its fair share within the window's room. Returns
-/// per window (admitted, allowance): the limit plus one fill per gateway per assignment it held
-/// in that window.
+/// checks count the claims of the holders `share::report` keeps (reservations included); a
+/// report charges what the gateway admitted in the current window (at most its claim there) and
+/// is granted by `share::report` within the window's room, read as the store reads it (a check
+/// of no hits: the limit less every claim, less the count). Returns per window (admitted,
+/// allowance): the limit plus one bucket per gateway per assignment it held in that window, and
+/// the buckets carried in.
 fn run(window_s: u64, requests: u64, gateways: usize, steps: &[(u8, u8, u32)]) -> Vec<(u64, u64)> {
     let l = limit(Algorithm::FixedWindow, requests, window_s);
     let w = l.window_us;
     let rate = l.per_second();
     let ttl = 11 * S;
     let mut gw: Vec<Gateway> = vec![Gateway::idle(); gateways];
+    let mut shares = Shares::default();
     let mut count: std::collections::HashMap<u64, u64> = Default::default();
     let mut admitted: std::collections::HashMap<u64, u64> = Default::default();
     let mut allowance: std::collections::HashMap<u64, u64> = Default::default();
     // Per gateway, each assignment's (time, fill): what its bucket may carry into a window.
     let mut history: Vec<Vec<(u64, u64)>> = vec![Vec::new(); gateways];
-    // The claims of streams that ended: each keeps what its gateway may have admitted.
     let mut ended: Vec<Claim> = Vec::new();
     let mut now = w; // start on a boundary past zero
     for &(what, who, advance_ms) in steps {
@@ -239,24 +316,19 @@ fn run(window_s: u64, requests: u64, gateways: usize, steps: &[(u8, u8, u32)]) -
         now += u64::from(advance_ms) * (w / 40_000).min(1000);
         let win = now / w;
         let g = usize::from(who) % gateways;
-        let others = |gw: &[Gateway], me: Option<usize>| -> Vec<Claim> {
-            gw.iter()
-                .enumerate()
-                .filter(|(i, _)| Some(*i) != me)
-                .map(|(_, g)| g.claim)
-                .chain(ended.iter().copied())
-                .collect()
-        };
         if what % 5 == 4 {
+            // Its claim stays in the holders (`share::release`); the model's own list is not
+            // read.
             end_stream(&mut gw[g], &mut ended, now);
+            shares.release(g, now);
             continue;
         }
         match what % 5 {
-            // A burst of RLS calls: each counts against the counter and every claim.
+            // A burst of RLS calls: each counts against the counter and every claim; RLS asks.
             0 | 1 => {
+                shares.rls_asks(rate, now);
                 for _ in 0..=who {
-                    let claims = others(&gw, None);
-                    let left = less(&l, claimed(&claims, &l, now));
+                    let left = less(&l, claimed(&shares.claims(now), &l, now));
                     let c = count.entry(win).or_default();
                     if *c < left.requests {
                         *c += 1;
@@ -271,14 +343,14 @@ fn run(window_s: u64, requests: u64, gateways: usize, steps: &[(u8, u8, u32)]) -
                 *count.entry(win).or_default() += gw[g].report_charge(&l, now);
                 let ends = now + ttl;
                 let window_end = (win + 1) * w;
-                let span_here = (ends.min(window_end) - now) as f64 / 1e6;
-                let other_claims = others(&gw, Some(g));
-                let taken = count[&win] + claimed(&other_claims, &l, now);
-                let room = requests.saturating_sub(taken) as f64;
-                let held = held_by_others(&gw, g, now);
-                let fair = (rate / gateways as f64).min(rate - held).max(0.0);
-                let granted = fair.min(room / span_here);
-                if let Some(fill) = gw[g].assign(granted, now, ends) {
+                let left = less(&l, claimed(&shares.claims(now), &l, now));
+                let room = share::Room {
+                    limit: l,
+                    remaining: left.requests.saturating_sub(count[&win]),
+                    span_us: ends.min(window_end) - now,
+                };
+                let granted = shares.report(g, &l, room, ttl, now);
+                if let Some(fill) = gw[g].assign_tokens(granted, w, now, ends) {
                     *allowance.entry(win).or_default() += fill;
                     history[g].push((now, fill));
                 }
@@ -298,6 +370,25 @@ fn run(window_s: u64, requests: u64, gateways: usize, steps: &[(u8, u8, u32)]) -
         .collect();
     out.sort();
     out
+}
+
+/// A gateway that reports into a second RLS spent reserves its part (`share::report`): granted
+/// nothing until the reservation has stood a window, it admits nothing more in that second,
+/// and the next second is shared. (Granting the reservation at once let it admit its part on
+/// top of the spent second: 15 in one second of 10 and its bucket of 2.)
+#[test]
+fn a_reservation_is_not_granted_into_the_window_rls_spent() {
+    // A step of 4000 units is 100 ms on a second's window.
+    let rls = |calls: u8| (0u8, calls - 1, 0u32);
+    let mut steps = vec![(0, 0, 4_000), rls(4), rls(4), rls(2)];
+    // Reports at 0.2 s and 0.3 s, then traffic through the rest of the second and the next.
+    steps.extend([(3, 0, 4_000), (3, 0, 4_000)]);
+    steps.extend(std::iter::repeat_n((2, 0, 2_000), 30));
+    steps.extend([(3, 0, 4_000), (0, 3, 0)]);
+    steps.extend(std::iter::repeat_n((2, 0, 2_000), 30));
+    for (admitted, allowance) in run(1, 10, 1, &steps) {
+        assert!(admitted <= allowance, "{admitted} > {allowance}");
+    }
 }
 
 proptest! {
