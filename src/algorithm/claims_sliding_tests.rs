@@ -68,6 +68,8 @@ fn run_sliding(
                     counter.push((now, charge));
                 }
                 let ends = now + ttl;
+                // The look: a check of no hits, every claim counted, the charge given back (it
+                // leaves the true window as the new grant fills it: service::quota::charge).
                 let left = less(&l, claimed(&shares.claims(now), &l, now));
                 let room = share::Room {
                     limit: l,
@@ -77,7 +79,8 @@ fn run_sliding(
                         .saturating_add(charge),
                     span_us: (ends - now).min(w),
                 };
-                let granted = shares.report(g, &l, room, ttl, now);
+                let charged = gw[g].charged();
+                let granted = shares.report(g, &l, room, charged, ttl, now);
                 if let Some(fill) = gw[g].assign_tokens(granted, w, now, ends) {
                     fills.push((now, fill));
                     history[g].push((now, fill));
