@@ -22,13 +22,25 @@ descriptors:
     rate_limit: {algorithm: concurrency, requests_per_unit: 2, unit: minute, max_duration: 8s}
 ";
 
-/// The filter docs/rules.md gives, with the slow app behind it.
+/// The filter docs/rules.md gives, with the slow app behind it, and a timeout of a second
+/// instead of Envoy's 20 ms: a take answered past Envoy's timeout holds its slot until its lease
+/// ends (docs/rules.md), and a debug build on a 2-core machine busy with three other tests
+/// answered one take in more than 20 ms in about one run of three (Envoy's
+/// `ratelimit.failure_mode_allowed`: 1, alice's slot still held 2 s after her requests ended).
+/// These tests are about slots and their releases, not timeouts; Portcullis gets `--store-timeout
+/// 500ms` for the same reason.
 fn gateway(grpc_port: u16) -> Gateway {
     let mut g = Gateway::new("llm", &[grpc_port]);
-    g.http_filters = envoy::readme_envoy_blocks()
+    let filter = envoy::readme_envoy_blocks()
         .into_iter()
         .find(|b| b.contains("held:user"))
         .expect("docs/rules.md's concurrency filter");
+    g.http_filters = filter.replacen(
+        "    failure_mode_deny:",
+        "    timeout: 1s\n    failure_mode_deny:",
+        1,
+    );
+    assert_ne!(g.http_filters, filter, "the timeout is set");
     g.app_filters = r#"- name: envoy.filters.http.fault
   typed_config:
     "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
@@ -87,7 +99,9 @@ fn spawn_get(g: &Gateway, user: &'static str, slow: bool) -> tokio::task::JoinHa
 async fn two_in_flight_per_user(store_args: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("llm.yaml"), RULES).expect("rules");
-    let portcullis = ServeProcess::spawn(dir.path(), store_args, &[], &[]);
+    let mut args = store_args.to_vec();
+    args.extend(["--store-timeout", "500ms"]);
+    let portcullis = ServeProcess::spawn(dir.path(), &args, &[], &[]);
     let port = portcullis.grpc_port;
     let g = gateway(port);
     let envoy = g.start();
