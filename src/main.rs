@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 use portcullis::algorithm::Algorithm;
 use portcullis::clock::SystemClock;
@@ -31,6 +31,7 @@ fn main() -> ExitCode {
                 "ratelimit: arguments ignored (configured by environment variables): {args:?}"
             );
         }
+        settings::refuse_unknown_variables(&Cli::command());
         return match go_settings(default_settings()) {
             Ok(settings) => serve(settings),
             Err(e) => {

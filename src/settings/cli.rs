@@ -137,6 +137,7 @@ pub fn parse_command_line() -> Cli {
         Ok(matches) => matches,
         Err(e) => name_the_variable(e, &command).exit(),
     };
+    refuse_unknown_variables(&command);
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let (Command::Serve(settings), Some(("serve", serve))) =
         (&mut cli.command, matches.subcommand())
@@ -145,6 +146,16 @@ pub fn parse_command_line() -> Cli {
         settings.sources = Sources::from_matches(serve_command, serve);
     }
     cli
+}
+
+/// Exits (status 2, as a bad flag does) when the environment holds `PORTCULLIS_*` variables no
+/// flag reads, naming each and the one it was likely meant to be.
+pub fn refuse_unknown_variables(command: &clap::Command) {
+    let unknown = super::variables::unknown(command, std::env::vars_os());
+    if !unknown.is_empty() {
+        eprintln!("error: {}", unknown.join("\nerror: "));
+        std::process::exit(2);
+    }
 }
 
 /// A bad value that came from a variable (its flag not on the command line): the message starts

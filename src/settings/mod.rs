@@ -28,10 +28,11 @@ mod sources;
 mod tracing;
 mod validate;
 mod values;
+mod variables;
 mod xds;
 
-pub use cli::parse_command_line;
 pub use cli::{Cli, Command};
+pub use cli::{parse_command_line, refuse_unknown_variables};
 pub use decisions::Decisions;
 pub use rlqs::RlqsSettings;
 pub use sources::Sources;
@@ -39,6 +40,7 @@ pub use tracing::{TRACES_SAMPLERS, TracingSettings};
 pub use validate::SettingsError;
 use values::{AlgorithmArg, FailureModeArg, HeadersArg, LogFormatArg};
 pub use values::{Secret, StoreKind, parse_duration, parse_tag};
+pub use variables::unknown as unknown_variables;
 pub use xds::XdsSettings;
 
 /// One more HTTP listener and what it serves.

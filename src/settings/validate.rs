@@ -103,6 +103,28 @@ impl Settings {
         problems
     }
 
+    /// A Redis URL that cannot be used, said with the form it needs (never the URL itself: it
+    /// may hold a password). Redis' own parser decides; a missing scheme is named as such.
+    fn redis_url_problems(&self) -> Vec<String> {
+        let form = "write redis://HOST:PORT[/DB] (rediss:// for TLS, redis://USER:PASSWORD@HOST:PORT \
+                    with credentials, unix:///PATH for a socket; valkey:// and valkeys:// as well)";
+        [
+            ("--redis-url", &self.redis_url),
+            ("--redis-per-second-url", &self.redis_per_second_url),
+        ]
+        .into_iter()
+        .filter_map(|(flag, url)| {
+            let url = url.as_deref()?;
+            if !url.contains("://") {
+                return Some(format!("{flag} has no scheme: {form}"));
+            }
+            redis::IntoConnectionInfo::into_connection_info(url)
+                .is_err()
+                .then(|| format!("{flag} does not parse as a Redis URL: {form}"))
+        })
+        .collect()
+    }
+
     /// Refuses values that would panic, silently stop a background task, or quietly defeat a
     /// guarantee; all problems at once, each naming its flag.
     pub fn validate(&self) -> Result<(), SettingsError> {
@@ -299,6 +321,7 @@ impl Settings {
                 problems.push(format!("{flag} must be at least 1"));
             }
         }
+        problems.extend(self.redis_url_problems());
         problems.extend(self.settings_that_cannot_take_effect());
         if problems.is_empty() {
             Ok(())

@@ -5,7 +5,7 @@
 //! restart may hand it back once), and exact decisions at the end.
 //!
 //! `cargo test --test faults soak::` runs the short CI variant (20 s); `scripts/soak [SECONDS]` the long
-//! one (PORTCULLIS_SOAK_SECONDS). One `SOAK` line per run carries the figures.
+//! one (SOAK_SECONDS). One `SOAK` line per run carries the figures.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,7 +87,7 @@ async fn gauges(server: &ServeProcess) -> Gauges {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn soak_with_reloads_and_a_redis_restart() {
-    let seconds: u64 = std::env::var("PORTCULLIS_SOAK_SECONDS")
+    let seconds: u64 = std::env::var("SOAK_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20)

@@ -107,6 +107,67 @@ fn serve_refuses_settings_that_would_misbehave_naming_each_one() {
     );
 }
 
+/// A misspelled `PORTCULLIS_*` variable used to start a replica on the default it meant to change
+/// (`PORTCULLIS_STOR=redis`: a memory store, every replica counting alone); a Redis URL without
+/// a scheme said only "Redis URL did not parse". Kubernetes' service links of a Service named
+/// `portcullis` are not refused.
+#[test]
+fn a_misspelled_variable_or_a_url_without_a_scheme_is_refused_naming_what_was_meant() {
+    let dir = dir_with(&[("r.yaml", "domain: a\n")]);
+    let config = dir.path().to_str().unwrap();
+    let serve = [
+        "serve",
+        "--config",
+        config,
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ];
+    let (code, out) = portcullis_with_env(
+        &serve,
+        &[
+            ("PORTCULLIS_STOR", "redis"),
+            ("PORTCULLIS_REDIS_ULR", "redis://127.0.0.1:1"),
+        ],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(
+            "PORTCULLIS_STOR is not a Portcullis variable: did you mean PORTCULLIS_STORE?"
+        ) && out.contains("did you mean PORTCULLIS_REDIS_URL?"),
+        "{out}"
+    );
+    // The rules commands read the same variables, and refuse the same way.
+    let (code, out) = portcullis_with_env(&["check", config], &[("PORTCULLIS_CONFG", config)]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("did you mean PORTCULLIS_CONFIG?"), "{out}");
+    // As Kubernetes sets them for a Service named portcullis: not ours, not refused.
+    let links = [
+        ("PORTCULLIS_SERVICE_HOST", "10.0.0.11"),
+        ("PORTCULLIS_SERVICE_PORT", "8081"),
+        ("PORTCULLIS_PORT", "tcp://10.0.0.11:8081"),
+        ("PORTCULLIS_PORT_8081_TCP_ADDR", "10.0.0.11"),
+    ];
+    let (code, out) = portcullis_with_env(&["check", config], &links);
+    assert_eq!(code, 0, "{out}");
+    // A URL without its scheme: the form it needs, from the variable that set it, the password
+    // never printed.
+    let (code, out) = portcullis_with_env(
+        &serve,
+        &[
+            ("PORTCULLIS_STORE", "redis"),
+            ("PORTCULLIS_REDIS_URL", "limiter:s3cret@127.0.0.1:6379"),
+        ],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("PORTCULLIS_REDIS_URL has no scheme: write redis://HOST:PORT"),
+        "{out}"
+    );
+    assert!(!out.contains("s3cret"), "{out}");
+}
+
 #[test]
 fn a_domain_across_files_merges_only_when_asked_and_never_twice_the_same_key() {
     let dir = dir_with(&[

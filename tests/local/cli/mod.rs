@@ -5,6 +5,6 @@ mod check;
 mod explain;
 mod loading;
 
-use crate::common::cli::{dir_with, portcullis};
+use crate::common::cli::{dir_with, portcullis, portcullis_with_env};
 
 use std::path::Path;
