@@ -1,8 +1,9 @@
 //! The HTTP listeners while the start-up waits for the first rules over xDS: bound already, so
-//! that a liveness probe finds the process alive (`/healthz`, and Go's `/healthcheck`, answer
-//! 200) while readiness says why it is not ready (`/readyz`, everything else: 503). It serves a
-//! clone of each listener's socket and stops when the real listeners take over, so the port is
-//! never closed in between. It must never answer a rate-limit call.
+//! that a liveness probe finds the process alive (`/healthz` answers 200) while every readiness
+//! probe says why it is not ready (`/readyz` and everything else 503; Go's `/healthcheck`, which
+//! the Go Deployments probe for readiness, 500 as Go answers it). It serves a clone of each
+//! listener's socket and stops when the real listeners take over, so the port is never closed in
+//! between. It must never answer a rate-limit call, nor say ready.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,9 +32,16 @@ impl Waiting {
     ) -> std::io::Result<Waiting> {
         let (stop, stopped) = watch::channel(false);
         let why = Arc::new(format!("not ready: {why}\n"));
+        let go_why = why.clone();
         let router = axum::Router::new()
             .route("/healthz", get(|| async { "alive\n" }))
-            .route("/healthcheck", get(|| async { "OK" }))
+            .route(
+                "/healthcheck",
+                get(move || {
+                    let why = go_why.clone();
+                    async move { (StatusCode::INTERNAL_SERVER_ERROR, why.to_string()) }
+                }),
+            )
             .fallback(move || {
                 let why = why.clone();
                 async move { (StatusCode::SERVICE_UNAVAILABLE, why.to_string()) }

@@ -9,6 +9,16 @@ use std::time::Duration;
 
 use super::redis::{free_port, wait_until};
 
+/// A child process killed (and reaped) when dropped: a test that fails half-way stops it too.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub struct ServeProcess {
     pub child: Child,
     pub grpc_port: u16,

@@ -291,3 +291,75 @@ async fn a_bucket_rule_on_a_client_header_binds_that_clients_tokens() {
     let (statuses, _) = five_requests(true, &[("x-tenant", "acme")], &entries).await;
     assert_eq!(statuses, vec![200, 200, 200, 429, 429]);
 }
+
+/// With the AI Gateway's Deployment environment (rules over xDS, no
+/// FORCE_START_WITHOUT_INITIAL_CONFIG), Redis down, and the controller either serving nothing
+/// for this node yet or not running: until the first rules come, every readiness probe says not
+/// ready and why (`/healthcheck`, the Deployment's readiness probe, 500; `/readyz` 503), the
+/// liveness probe 200, no gRPC port, and the log says what is awaited (it said "xDS rules stream
+/// ended; the rules in force keep serving", and `/healthcheck` answered 200 OK).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_the_first_rules_come_every_readiness_probe_says_not_ready() {
+    let plane = Harness::start(None).await;
+    let silent = plane.addr.port();
+    let absent = free_port();
+    for (xds, awaited) in [
+        (silent, None),
+        (
+            absent,
+            Some("xDS server not reached; still waiting for the first rules"),
+        ),
+    ] {
+        let (grpc, no_redis) = (free_port(), free_port());
+        let env = deployment_env(no_redis, xds, grpc);
+        let port = |name: &str| -> u16 {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .unwrap()
+                .1
+                .parse()
+                .unwrap()
+        };
+        let (http_port, debug_port) = (port("PORT"), port("DEBUG_PORT"));
+        let (_link, mut cmd) = ServeProcess::ratelimit_command(&env);
+        let log = tempfile::NamedTempFile::new().expect("log file");
+        cmd.stderr(log.reopen().expect("log file"));
+        let child = common::process::Killed(cmd.spawn().expect("start ratelimit"));
+        let read_log = || std::fs::read_to_string(log.path()).unwrap_or_default();
+        // Bounded: the listeners are bound before the rules are awaited, the warning comes at
+        // the first stream's end (the silent server's stream is ended by nobody: no warning).
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", http_port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{}",
+                read_log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (status, body) = common::http(http_port, "GET", "/healthcheck", "").await;
+        assert_eq!(status, 500, "/healthcheck: {body}");
+        assert!(body.contains("waiting for the first rules"), "{body}");
+        let (status, body) = common::http(debug_port, "GET", "/readyz", "").await;
+        assert_eq!(status, 503, "/readyz: {body}");
+        let (status, _) = common::http(debug_port, "GET", "/healthz", "").await;
+        assert_eq!(status, 200, "liveness");
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", grpc)).is_err(),
+            "no rate-limit calls are taken before the rules"
+        );
+        if let Some(awaited) = awaited {
+            while !read_log().contains(awaited) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "{}",
+                    read_log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let text = read_log();
+        assert!(!text.contains("rules in force keep serving"), "{text}");
+        drop(child);
+    }
+}

@@ -114,6 +114,10 @@ async fn push_update_nack_and_reconnect() {
     let (status, body) = common::http(admin_port, "GET", "/readyz", "").await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("waiting for the first rules"), "{body}");
+    // Go's health path, which the Go Deployments probe for readiness: 500 as Go, saying why.
+    let (status, body) = common::http(admin_port, "GET", "/healthcheck", "").await;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("waiting for the first rules"), "{body}");
 
     // Push: applied, ACKed, and the server starts.
     plane.push("1", "n1", &[config(2, true)]).await;

@@ -198,11 +198,23 @@ pub fn spawn(
             }
             let wait = xds.config.backoff.delay(attempt);
             attempt = attempt.saturating_add(1);
+            let what = match (&ended, *applied_tx.borrow()) {
+                (StreamEnd::Connect(_), false) => {
+                    "xDS server not reached; still waiting for the first rules (not ready, nothing served)"
+                }
+                (_, false) => {
+                    "xDS rules stream ended before the first rules came; still waiting for them (not ready, nothing served)"
+                }
+                (StreamEnd::Connect(_), true) => {
+                    "xDS server not reached; the rules in force keep serving"
+                }
+                (_, true) => "xDS rules stream ended; the rules in force keep serving",
+            };
             tracing::warn!(
                 server = %xds.config.uri,
                 error = %ended,
                 retry_in = ?wait,
-                "xDS rules stream ended; the rules in force keep serving"
+                "{what}"
             );
             let mut stop_wait = stop.clone();
             tokio::select! {
