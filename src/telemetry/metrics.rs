@@ -310,11 +310,64 @@ impl Metrics {
         );
         m.process.register(&mut registry, &mut names);
         m.quota.register(&mut registry, &mut names);
+        m.zero_series();
         Metrics {
             registry,
             names,
             ..m
         }
+    }
+
+    /// Every series of a fixed label the docs tell operators to watch, at zero from the start:
+    /// "check it stays flat" finds a flat line on a healthy replica, not no series at all (and
+    /// `rate()` sees the first increment).
+    fn zero_series(&self) {
+        let kinds = |family: &Family<KindLabels, Counter>, values: &[&str]| {
+            for kind in values {
+                drop(family.get_or_create(&KindLabels {
+                    kind: (*kind).into(),
+                }));
+            }
+        };
+        let results = |family: &Family<ResultLabels, Counter>, values: &[&str]| {
+            for result in values {
+                drop(family.get_or_create(&ResultLabels {
+                    result: (*result).into(),
+                }));
+            }
+        };
+        kinds(
+            &self.store_errors,
+            &["timeout", "unavailable", "permanent", "protocol"],
+        );
+        for mode in ["allow", "deny", "local"] {
+            drop(
+                self.failure_mode_answers
+                    .get_or_create(&ModeLabels { mode: mode.into() }),
+            );
+        }
+        results(&self.late_charges, &["recorded", "lost"]);
+        results(&self.rules_reloads, &["success", "error", "refused"]);
+        results(&self.scaling_reloads, &["success", "error"]);
+        for listener in ["grpc", "admin"] {
+            drop(self.accept_errors.get_or_create(&ListenerLabels {
+                listener: listener.into(),
+            }));
+        }
+        kinds(
+            &self.quota.stream_errors,
+            &[
+                "malformed",
+                "too_large",
+                "too_many_buckets",
+                "streams_full",
+                "transport",
+            ],
+        );
+        kinds(
+            &self.quota.assignments,
+            &["token_bucket", "allow_all", "deny_all", "abandon"],
+        );
     }
 
     /// The labels to count a `detailed_metric` rule's hit under: the per-value `detailed` ones

@@ -42,6 +42,28 @@ fn metric_names(query: &str) -> Vec<String> {
     names
 }
 
+/// docs/operating.md's table has a row for every metric Portcullis exports (a histogram by its
+/// own name: `_bucket`, `_sum` and `_count` are Prometheus'). `portcullis_memory_store_fill_ratio`
+/// was missing.
+#[test]
+fn the_metrics_table_lists_every_metric_portcullis_exports() {
+    let metrics = portcullis::telemetry::Metrics::default();
+    let table = std::fs::read_to_string(repo("docs/operating.md")).unwrap();
+    let missing: Vec<String> = metrics
+        .exported_names()
+        .iter()
+        .map(|n| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n)
+                .to_owned()
+        })
+        .filter(|n| !table.contains(&format!("`{n}`")))
+        .collect();
+    assert!(missing.is_empty(), "not in docs/operating.md: {missing:?}");
+}
+
 #[test]
 fn the_dashboard_and_the_alerts_name_only_metrics_portcullis_exports() {
     let metrics = portcullis::telemetry::Metrics::default();

@@ -17,6 +17,39 @@ use crate::common::admin_addr as admin;
 
 use crate::common::sample;
 
+/// What docs/operating.md tells operators to watch stay flat exists at zero on a healthy replica
+/// before anything happened (`portcullis_store_errors_total` and
+/// `portcullis_rules_reloads_total{result="error"}` had no series until their first increment).
+#[tokio::test]
+async fn the_counters_to_watch_exist_at_zero_from_the_start() {
+    let server = TestServer::start(&[("m.yaml", common::OPERATIONS_RULES)]).await;
+    let (status, m) = http(admin(&server), "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    for series in [
+        r#"portcullis_store_errors_total{kind="timeout"} 0"#,
+        r#"portcullis_store_errors_total{kind="unavailable"} 0"#,
+        r#"portcullis_store_errors_total{kind="permanent"} 0"#,
+        r#"portcullis_store_errors_total{kind="protocol"} 0"#,
+        r#"portcullis_failure_mode_answers_total{mode="allow"} 0"#,
+        r#"portcullis_rules_reloads_total{result="error"} 0"#,
+        r#"portcullis_rules_reloads_total{result="refused"} 0"#,
+        r#"portcullis_scaling_reloads_total{result="error"} 0"#,
+        r#"portcullis_store_late_charges_total{result="lost"} 0"#,
+        r#"portcullis_accept_errors_total{listener="grpc"} 0"#,
+        r#"portcullis_rlqs_stream_errors_total{kind="transport"} 0"#,
+        r#"portcullis_rlqs_assignments_total{kind="deny_all"} 0"#,
+    ] {
+        assert!(m.lines().any(|l| l == series), "{series} missing:\n{m}");
+    }
+    // The first load is counted, as the docs say.
+    assert!(
+        m.lines()
+            .any(|l| l == r#"portcullis_rules_reloads_total{result="success"} 1"#),
+        "{m}"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn metrics_count_exactly_the_traffic_sent() {
     let server = TestServer::start(&[("m.yaml", common::OPERATIONS_RULES)]).await;
