@@ -2,8 +2,11 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
+
+mod ask;
 
 use portcullis::algorithm::Algorithm;
 use portcullis::clock::SystemClock;
@@ -148,8 +151,9 @@ fn main() -> ExitCode {
             addr,
             domain,
             hits,
+            probe,
             descriptors,
-        } => ask(addr, domain, hits, descriptors),
+        } => ask::ask(addr, domain, hits, probe, descriptors),
     }
 }
 
@@ -174,14 +178,24 @@ fn serve(settings: Settings) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let code = tokio::select! {
-            () = shutdown_signal() => ExitCode::SUCCESS,
+        let (code, drain_period) = tokio::select! {
+            () = shutdown_signal() => (ExitCode::SUCCESS, settings.drain_period),
+            // Never ready (the store never answered): nobody routes here, nothing to drain.
             reason = running.fatal() => {
                 eprintln!("portcullis: {reason}");
-                ExitCode::FAILURE
+                (ExitCode::FAILURE, Duration::ZERO)
             }
         };
-        running.drain(settings.drain_period).await;
+        // A second signal during the drain stops at once (an operator's second Ctrl-C, or a
+        // kubelet that will not wait): in-flight calls are cut, as a kill would.
+        tokio::select! {
+            () = running.drain(drain_period) => {}
+            () = shutdown_signal() => {
+                eprintln!("portcullis: a second signal during the drain: stopping now");
+                // Not through the runtime's drop, which would wait for its blocking tasks.
+                std::process::exit(130);
+            }
+        }
         tracing::info!("stopped");
         // The batch exporter blocks while flushing: off the async worker.
         let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
@@ -256,98 +270,3 @@ fn go_settings(base: Settings) -> Result<Settings, settings::SettingsError> {
 fn exit(code: u8) -> ExitCode {
     ExitCode::from(code)
 }
-
-fn ask(
-    addr: String,
-    domain: String,
-    hits: u32,
-    descriptors: Vec<Vec<(String, String)>>,
-) -> ExitCode {
-    use portcullis::pb::{
-        RateLimitDescriptor, RateLimitRequest, RateLimitServiceClient,
-        rate_limit_descriptor::Entry,
-        rate_limit_response::{Code, rate_limit::Unit},
-    };
-    let request = RateLimitRequest {
-        domain,
-        hits_addend: hits,
-        descriptors: descriptors
-            .iter()
-            .map(|entries| RateLimitDescriptor {
-                entries: entries
-                    .iter()
-                    .map(|(key, value)| Entry {
-                        key: key.clone(),
-                        value: value.clone(),
-                    })
-                    .collect(),
-                ..Default::default()
-            })
-            .collect(),
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("portcullis: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // `host:port` as people write it; a URL as given.
-    let addr = if addr.contains("://") {
-        addr
-    } else {
-        format!("http://{addr}")
-    };
-    let answer = runtime.block_on(async {
-        let mut client = RateLimitServiceClient::connect(addr.clone())
-            .await
-            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-        client
-            .should_rate_limit(request)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| format!("{:?}: {}", s.code(), s.message()))
-    });
-    let response = match answer {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("portcullis: {e}");
-            return ExitCode::from(ASK_FAILED);
-        }
-    };
-    let code_name = |code: i32| Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name());
-    println!("overall: {}", code_name(response.overall_code));
-    for (entries, status) in descriptors.iter().zip(&response.statuses) {
-        let shown: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let mut line = format!("  {}: {}", shown.join(","), code_name(status.code));
-        if let Some(limit) = &status.current_limit {
-            let unit = Unit::try_from(limit.unit).map_or("?", |u| u.as_str_name());
-            line.push_str(&format!(
-                ", limit {}/{}, remaining {}, reset in {}s",
-                limit.requests_per_unit,
-                unit.to_lowercase(),
-                status.limit_remaining,
-                status.duration_until_reset.map_or(0, |d| d.seconds)
-            ));
-            if !limit.name.is_empty() {
-                line.push_str(&format!(" ({})", limit.name));
-            }
-        }
-        println!("{line}");
-    }
-    for header in &response.response_headers_to_add {
-        println!("  header {}: {}", header.key, header.value);
-    }
-    if response.overall_code == Code::OverLimit as i32 {
-        ExitCode::from(ASK_OVER_LIMIT)
-    } else {
-        ExitCode::SUCCESS
-    }
-}
-
-/// `ask`'s exit codes past 0 (OK): over the limit, and no answer (as `test` uses 1 and 2).
-const ASK_OVER_LIMIT: u8 = 1;
-const ASK_FAILED: u8 = 2;

@@ -108,8 +108,14 @@ pub enum Command {
         #[arg(long)]
         domain: String,
         /// Request-level hits_addend (0 counts as 1).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, conflicts_with = "probe")]
         hits: u32,
+        /// Ask without spending: each descriptor is sent with hits_addend 0, a check-only call
+        /// (the answer says whether a request would pass and what remains; nothing is counted,
+        /// no concurrency slot taken). Without it, a concurrency slot the ask took is given back
+        /// as soon as it is answered.
+        #[arg(long)]
+        probe: bool,
         /// A descriptor as key=value[,key=value...]; repeat for several descriptors.
         #[arg(short = 'd', long = "descriptor", required = true, value_parser = parse_descriptor)]
         descriptors: Vec<Vec<(String, String)>>,

@@ -96,3 +96,36 @@ async fn sigterm_reports_not_serving_keeps_answering_through_the_drain_and_exits
     );
     assert_eq!(exit.code(), Some(0));
 }
+
+/// A second SIGTERM (or Ctrl-C) during the drain stops the process at once, exit 130, instead of
+/// waiting out the drain period (it waited the whole period).
+#[tokio::test]
+async fn a_second_signal_during_the_drain_stops_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.yaml"), common::OPERATIONS_RULES).unwrap();
+    for signal in ["TERM", "INT"] {
+        let mut server = ServeProcess::spawn(dir.path(), &["--drain-period", "30s"], &[], &[]);
+        server.signal(signal);
+        // The first signal is being drained once /readyz says so.
+        let started = Instant::now();
+        while http(server.admin_addr(), "GET", "/readyz", "").await.0 != 503 {
+            assert!(started.elapsed() < Duration::from_secs(5), "not draining");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let again = Instant::now();
+        server.signal(signal);
+        let exit = loop {
+            if let Some(status) = server.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                again.elapsed() < Duration::from_secs(5),
+                "{signal} twice: still draining {:?} after the second",
+                again.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(exit.code(), Some(130), "{}", server.log());
+        assert!(server.log().contains("a second signal"), "{}", server.log());
+    }
+}

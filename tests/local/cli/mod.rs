@@ -1,6 +1,7 @@
 //! The command line as a platform team uses it in CI: `portcullis check` on good and broken rule
-//! directories, and `portcullis explain`.
+//! directories, `portcullis explain`, and `portcullis ask` against a running replica.
 
+mod ask;
 mod check;
 mod explain;
 mod loading;
