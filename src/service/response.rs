@@ -65,10 +65,14 @@ fn status(p: &Planned) -> DescriptorStatus {
             ..Default::default()
         };
     }
-    let mut reset = ceil_seconds(decision.reset_after);
-    if code == Code::OverLimit {
-        reset = reset.max(1);
-    }
+    // Refused: when this request would pass (Envoy's Retry-After is built from it), not when
+    // the whole quota is back: a token bucket's next tokens, a sliding window's oldest hits
+    // leaving, a fixed window's end (docs/algorithms.md). Allowed: when the quota is whole.
+    let reset = if code == Code::OverLimit {
+        ceil_seconds(decision.retry_after.unwrap_or(decision.reset_after)).max(1)
+    } else {
+        ceil_seconds(decision.reset_after)
+    };
     DescriptorStatus {
         code: code as i32,
         current_limit: Some(RateLimit {

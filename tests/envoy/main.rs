@@ -15,5 +15,6 @@ mod connection_age;
 mod drain;
 mod failures;
 mod one_budget;
+mod retry_after;
 mod rlqs;
 mod rlqs_burst;

@@ -22,7 +22,8 @@ const FLOORS: &[&[&str]] = &[
     &["settings"],
     // The composition root: builds everything from `Settings`, runs listeners and watchers.
     &["server"],
-    // The binary.
+    // The binary's own commands (`ask`: a client of a running replica), then the binary.
+    &["ask"],
     &["main"],
 ];
 
@@ -150,7 +151,8 @@ fn imports() -> Vec<Import> {
             continue;
         }
         let code = code_only(&std::fs::read_to_string(&file).expect("read source"));
-        let root = if module == "main" {
+        // The binary's files reach the library as `portcullis::`.
+        let root = if module == "main" || module == "ask" {
             "portcullis::"
         } else {
             "crate::"
