@@ -7,6 +7,7 @@ mod bytes;
 use crate::common;
 mod model;
 mod production;
+mod upgrade;
 
 use crate::common::redis::{decide, decide_in, plain_connection};
 

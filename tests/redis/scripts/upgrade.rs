@@ -1,0 +1,160 @@
+//! A rolling update from 0.1.0 on one Redis: 0.1.0's own decision script (lua/ at its release
+//! commit 12f36fc, kept as it was in tests/redis/scripts/v0_1_0/ and sent with 0.1.0's argument
+//! layout) beside today's store, on the same keys (the key names have not changed), each spending
+//! one budget. The old replicas are simulated by the old script, not by today's code in an old
+//! mode: what is checked is what 0.1.0 really does with the keys today's replicas write.
+
+use super::*;
+
+use portcullis::algorithm::token_bucket;
+
+/// 0.1.0's script, as its store concatenated it.
+const SOURCE_0_1_0: &str = concat!(
+    include_str!("v0_1_0/common.lua"),
+    include_str!("v0_1_0/sliding_window.lua"),
+    include_str!("v0_1_0/token_bucket.lua"),
+    include_str!("v0_1_0/fixed_window.lua"),
+    include_str!("v0_1_0/check.lua"),
+);
+
+/// One check through 0.1.0's script (one call, each-alone mode, on a fixed clock): whether it
+/// was admitted, or the error 0.1.0 answered for the key.
+async fn old_replica(
+    redis: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    check: &Check,
+    now_us: u64,
+) -> Result<bool, String> {
+    let limit = &check.limit;
+    let as_i64 = |v: u64| i64::try_from(v).expect("fits");
+    // 0.1.0's push_call and push_args: calls, carried keys, then clock, deadline, mode, key
+    // count, and the operation's six numbers.
+    let mut args: Vec<i64> = vec![1, 0, as_i64(now_us), 0, 0, 1];
+    match limit.algorithm {
+        Algorithm::SlidingWindow => args.extend([
+            1,
+            as_i64(portcullis::algorithm::sliding_window::sub_window_us(
+                limit.window_us,
+            )),
+            as_i64(limit.requests),
+            as_i64(check.hits),
+            0,
+            0,
+        ]),
+        Algorithm::TokenBucket => {
+            let tolerance = token_bucket::span_of(limit.burst, limit);
+            let cost = token_bucket::span_of(check.hits, limit);
+            args.extend([
+                2,
+                as_i64(limit.requests),
+                as_i64(cost.quotient_us),
+                as_i64(cost.remainder),
+                as_i64(tolerance.quotient_us),
+                as_i64(tolerance.remainder),
+            ]);
+        }
+        Algorithm::FixedWindow => args.extend([
+            3,
+            as_i64(limit.window_us),
+            as_i64(limit.requests),
+            as_i64(check.hits),
+            0,
+            0,
+        ]),
+        Algorithm::Concurrency => unreachable!("0.1.0 had no concurrency limits"),
+    }
+    let reply: String = redis::cmd("EVAL")
+        .arg(SOURCE_0_1_0)
+        .arg(1)
+        .arg(key)
+        .arg(&args)
+        .query_async(redis)
+        .await
+        .map_err(|e| e.to_string())?;
+    // '@clock|' then the key's numbers (the first: admitted or not), or '!' and the error.
+    let answer = reply.rsplit('|').next().unwrap_or(&reply);
+    match answer.strip_prefix('!') {
+        Some(error) => Err(error.to_owned()),
+        None => Ok(answer.split(' ').next() == Some("1")),
+    }
+}
+
+/// Old and new replicas alternate on one descriptor of 5 a minute: 3 on the old, 3 refused on
+/// the new (2 left), 2 on the new, 1 refused on the old. Every algorithm 0.1.0 had; the sliding
+/// window with the new replicas writing 0.1.0's layout (`--redis-sliding-layout hash`), as
+/// docs/redis.md's first rollout says.
+#[tokio::test]
+async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() {
+    let redis = RedisServer::start();
+    let mut conn = plain_connection(redis.port).await;
+    let new = connected_store(Topology::Standalone(redis.url()), "u:")
+        .await
+        .with_sliding_layout(SlidingLayout::Hash);
+    for algorithm in [
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let five = Limit {
+            algorithm,
+            requests: 5,
+            window_us: 60_000_000,
+            burst: 5,
+        };
+        let name = format!("{algorithm:?}");
+        let check = |hits: u64| Check {
+            key: key::counter_key("up", [("algorithm", name.as_str())], &five, None),
+            limit: five,
+            hits,
+            refund: false,
+            post_paid: false,
+        };
+        let key = new.redis_key(&check(1));
+        let at = |step: u64| FUTURE_US + step * 1_000;
+        assert_eq!(
+            old_replica(&mut conn, &key, &check(3), at(0)).await,
+            Ok(true)
+        );
+        let on_new = decide(&new, &[check(3)], ScriptClock::Fixed(at(1))).await;
+        assert!(!on_new[0].allowed, "{algorithm:?}: 3 + 3 of 5: {on_new:?}");
+        assert_eq!(on_new[0].remaining, 2, "{algorithm:?}");
+        assert!(decide(&new, &[check(2)], ScriptClock::Fixed(at(2))).await[0].allowed);
+        assert_eq!(
+            old_replica(&mut conn, &key, &check(1), at(3)).await,
+            Ok(false),
+            "{algorithm:?}: 0.1.0 sees the new replica's 2"
+        );
+    }
+
+    // Today's default layout (packed) is a string 0.1.0 cannot read: an old replica answers the
+    // key with an error (its failure mode then decides: fail open by default), which is why the
+    // rollout from 0.1.0 takes two steps (docs/redis.md).
+    let packed = connected_store(Topology::Standalone(redis.url()), "p:").await;
+    let sliding = Limit {
+        algorithm: Algorithm::SlidingWindow,
+        requests: 5,
+        window_us: 60_000_000,
+        burst: 5,
+    };
+    let check = Check {
+        key: key::counter_key("up", [("user", "packed")], &sliding, None),
+        limit: sliding,
+        hits: 1,
+        refund: false,
+        post_paid: false,
+    };
+    assert!(
+        decide(
+            &packed,
+            std::slice::from_ref(&check),
+            ScriptClock::Fixed(FUTURE_US)
+        )
+        .await[0]
+            .allowed
+    );
+    let old = old_replica(&mut conn, &packed.redis_key(&check), &check, FUTURE_US + 1).await;
+    assert!(
+        matches!(&old, Err(e) if e.contains("WRONGTYPE")),
+        "0.1.0 on a packed key: {old:?}"
+    );
+}

@@ -1,0 +1,167 @@
+-- sliding_open(key, now_us, sub_window_us) -> state; sliding_window(state, key, now_us, limit,
+-- hits, commit) -> reply; sliding_flush(key, state, now_us, sub_window_us)
+--
+-- The state transition of algorithm::sliding_window, on a hash: one field per live sub-window
+-- (its index since the epoch = the hits admitted in it), and three bookkeeping fields: `t` the
+-- running total of those sub-windows, `n` the newest sub-window index the state has moved to,
+-- `l` the newest sub-window holding hits. Every sub-window field lies in [n - SUB_WINDOWS, n]:
+-- moving to a newer sub-window subtracts and deletes the fields that leave the window, so a call
+-- reads a few fields, never all of them. A sub-window index below `n` (the clock stepped back,
+-- e.g. a failover to a replica whose clock is behind) counts into `n`: never hand out budget
+-- twice. Only admitted hits write (and delete the fields that left): a refusal, a call of no
+-- hits, or `commit` false write nothing, as the memory store leaves its entry. The state is read
+-- once and written once per key per script call (check.lua keeps it between the calls).
+--
+-- Replies (common.lua's `reply`: numbers in a string) {1, now_us, total, l} when the hits pass
+-- (Rust needs no more), and {0, now_us, total, l, index1, count1, index2, count2, ...} (the live
+-- sub-windows) when they do not, for the retry time; Rust derives remaining/reset/retry with the memory store's code.
+-- TTL: until the newest sub-window holding hits leaves the window, (l + SLOTS) * sub_window_us;
+-- set when `l` moves, so a call within the same sub-window writes no TTL.
+local SUB_WINDOWS = 60
+local SLOTS = SUB_WINDOWS + 1
+
+local function index_name(index)
+  return string.format('%.0f', index)
+end
+
+-- The state at sub-window `current`: total, the sub-window hits go to (newest), its count, the
+-- newest sub-window holding hits (l, 0 when none), and the fields that left the window (to be
+-- deleted by a write; nothing is written here).
+local function sliding_load(key, current)
+  local stored = redis.call('HMGET', key, 't', 'n', 'l', index_name(current))
+  local total, n, last = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
+  if n == nil then return 0, current, 0, 0, nil end
+  if current == n then return total, n, tonumber(stored[4]) or 0, last, nil end
+  if current < n then
+    return total, n, tonumber(redis.call('HGET', key, index_name(n))) or 0, last, nil
+  end
+  if current - n >= SLOTS then
+    -- Every sub-window has left: the key goes as a whole.
+    return 0, current, 0, 0, true
+  end
+  -- Sub-windows n - SUB_WINDOWS .. current - SLOTS leave.
+  local leaving = {}
+  for index = n - SUB_WINDOWS, current - SLOTS do leaving[#leaving + 1] = index_name(index) end
+  if #leaving > 0 then
+    local counts = redis.call('HMGET', key, unpack(leaving))
+    for i = 1, #counts do total = total - (tonumber(counts[i]) or 0) end
+  end
+  if total <= 0 then last = 0 end
+  return total, current, 0, last, leaving
+end
+
+-- The live (index, count) pairs at `newest`, for a refusal's retry time or a refund.
+local function sliding_pairs(key, newest)
+  local raw = redis.call('HGETALL', key)
+  local pairs = {}
+  for i = 1, #raw, 2 do
+    local index = tonumber(raw[i])
+    local count = tonumber(raw[i + 1])
+    if index ~= nil and index + SUB_WINDOWS >= newest and count > 0 then
+      pairs[#pairs + 1] = index
+      pairs[#pairs + 1] = count
+    end
+  end
+  return pairs
+end
+
+-- The state of `key` at `now`, held by check.lua for every call of the script call at the same
+-- clock reading: what was read, and what the admitted hits changed (only the newest sub-window,
+-- the total and `l`), written once by sliding_flush.
+local function sliding_open(key, now, sub_us)
+  local current = (now - math.fmod(now, sub_us)) / sub_us
+  local total, newest, count, last, leaving = sliding_load(key, current)
+  return {total = total, newest = newest, count = count, last = last, loaded_last = last,
+    leaving = leaving, dirty = false, stored = nil}
+end
+
+local function sliding_window(s, key, now, limit, hits, commit, post_paid)
+  -- A total past the limit (post-paid charges, a lowered limit) refuses even a check-only call.
+  if s.total + hits > limit then
+    if commit and post_paid and hits > 0 then
+      -- Consumed already: recorded all the same, up to the sub-window's 32-bit ceiling.
+      local before = s.count
+      s.count = math.min(s.count + hits, 4294967295)
+      s.total = s.total + (s.count - before)
+      s.last = s.newest
+      s.dirty = true
+    end
+    -- Refused: nothing changes. The live sub-windows as stored (read once per script call), the
+    -- newest one as it stands now.
+    if s.stored == nil then s.stored = sliding_pairs(key, s.newest) end
+    local out = {reply(0, now, s.total, s.last)}
+    for i = 1, #s.stored, 2 do
+      if s.stored[i] ~= s.newest then
+        out[#out + 1] = string.format('%d %d', s.stored[i], s.stored[i + 1])
+      end
+    end
+    if s.count > 0 then out[#out + 1] = string.format('%d %d', s.newest, s.count) end
+    return table.concat(out, ' ')
+  end
+  if commit and hits > 0 then
+    s.count = s.count + hits
+    s.total = s.total + hits
+    s.last = s.newest
+    s.dirty = true
+  end
+  return reply(1, now, s.total, s.last)
+end
+
+-- Writes what the admitted hits changed, if any: the fields that left go, the newest sub-window,
+-- the total and the bookkeeping fields are set, and the TTL moves when `l` did.
+local function sliding_flush(key, s, now, sub_us)
+  if not s.dirty then return end
+  if s.leaving == true then
+    redis.call('DEL', key)
+  elseif s.leaving ~= nil and #s.leaving > 0 then
+    redis.call('HDEL', key, unpack(s.leaving))
+  end
+  redis.call('HSET', key, index_name(s.newest), index_name(s.count), 't', index_name(s.total),
+    'n', index_name(s.newest), 'l', index_name(s.newest))
+  if s.loaded_last ~= s.newest then
+    redis.call('PEXPIREAT', key, expire_at_ms(now, (s.newest + SLOTS) * sub_us - now))
+  end
+end
+
+-- sliding_refund(key, now_us, sub_window_us, hits, commit): `hits` taken back from the newest
+-- sub-windows first, never below zero (algorithm::sliding_window::refund). Always allowed.
+local function sliding_refund(key, now, sub_us, hits, commit)
+  local current = (now - math.fmod(now, sub_us)) / sub_us
+  local n = tonumber(redis.call('HGET', key, 'n'))
+  local newest = current
+  if n ~= nil and n > current then newest = n end
+  local live = sliding_pairs(key, newest)
+  local total = 0
+  for i = 2, #live, 2 do total = total + live[i] end
+  local last = 0
+  for i = 1, #live, 2 do if live[i] > last then last = live[i] end end
+  if not commit then return reply(1, now, total, last) end
+  -- Pairs are in hash order: take from the highest index down.
+  local order = {}
+  for i = 1, #live, 2 do order[#order + 1] = i end
+  table.sort(order, function(a, b) return live[a] > live[b] end)
+  local left = hits
+  for _, i in ipairs(order) do
+    if left <= 0 then break end
+    local taken = math.min(left, live[i + 1])
+    live[i + 1] = live[i + 1] - taken
+    left = left - taken
+  end
+  -- Rewrite the state from what is left.
+  redis.call('DEL', key)
+  local fields, kept_total, kept_last = {}, 0, 0
+  for i = 1, #live, 2 do
+    if live[i + 1] > 0 then
+      fields[#fields + 1] = index_name(live[i])
+      fields[#fields + 1] = index_name(live[i + 1])
+      kept_total = kept_total + live[i + 1]
+      if live[i] > kept_last then kept_last = live[i] end
+    end
+  end
+  if kept_total > 0 then
+    redis.call('HSET', key, 't', index_name(kept_total), 'n', index_name(newest),
+      'l', index_name(kept_last), unpack(fields))
+    redis.call('PEXPIREAT', key, expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
+  end
+  return reply(1, now, kept_total, kept_last)
+end
