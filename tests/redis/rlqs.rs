@@ -343,8 +343,15 @@ async fn rls_on_one_replica_beside_a_gateway_on_the_other(a: &TestServer, b: &Te
         more += 1;
         assert!(more <= 120);
     }
+    // At most that: whether the gateway's report found the minute spent (then its fair part is
+    // reserved, docs/envoy.md, and RLS, which took 114 of 120, gets none of the 2) depends on
+    // when the demand push lands between its reports; on a loaded machine it did (0 of 2). The
+    // rule's bound is what holds either way.
     let left = 120_i64 - reported - 3 - 114;
-    assert_eq!(more, left.max(0), "after {reported} reports");
+    assert!(
+        more <= left.max(0),
+        "after {reported} reports: {more} more admitted, {left} left"
+    );
 }
 
 /// A replica that does not serve RLQS, on a Redis where none does, never reads a holder table
