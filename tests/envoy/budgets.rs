@@ -130,6 +130,9 @@ async fn the_go_drop_in_mode_counts_every_hit_as_the_go_service_does() {
         ("USE_STATSD", "false".into()),
         ("REDIS_SOCKET_TYPE", "tcp".into()),
         ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        // Each decision's deadline (Go's REDIS_TIMEOUT), 2 s as in the other Go-mode tests: a first
+        // call past the default 15 ms on a loaded machine was answered UNAVAILABLE.
+        ("REDIS_TIMEOUT", "2s".into()),
     ];
     let _portcullis = ServeProcess::spawn_as_ratelimit(&envs);
     let g = gateway(grpc_port);

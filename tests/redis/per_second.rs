@@ -71,6 +71,9 @@ async fn go_mode_counts_per_second_limits_in_the_per_second_redis() {
         ("REDIS_PERSECOND_SOCKET_TYPE", "tcp".into()),
         ("REDIS_PERSECOND_URL", format!("127.0.0.1:{}", fast.port)),
         ("REDIS_PERSECOND_POOL_SIZE", "2".into()),
+        // Each decision's deadline (Go's REDIS_TIMEOUT), 2 s as in the other Go-mode tests: a first
+        // call past the default 15 ms on a loaded machine was answered UNAVAILABLE.
+        ("REDIS_TIMEOUT", "2s".into()),
     ];
     let server = ServeProcess::spawn_as_ratelimit(&envs);
     let mut client = RateLimitServiceClient::connect(server.grpc_url())

@@ -182,6 +182,9 @@ async fn the_go_services_redis_auth_is_in_no_log_and_no_debug_answer() {
         ("REDIS_SOCKET_TYPE", "tcp".into()),
         ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
         ("REDIS_AUTH", "limiter:Go-Secret-4".into()),
+        // Each decision's deadline (Go's REDIS_TIMEOUT), 2 s as in the other Go-mode tests: a first
+        // call past the default 15 ms on a loaded machine was answered UNAVAILABLE.
+        ("REDIS_TIMEOUT", "2s".into()),
     ];
     let port = |name: &str| -> u16 {
         envs.iter()
