@@ -171,7 +171,16 @@ fn serve(settings: Settings) -> ExitCode {
             settings.log_format,
             &settings.tracing(),
         );
-        let mut running = match server::start(&settings, Arc::new(SystemClock::default())).await {
+        let mut signals = Signals::listen();
+        let started = tokio::select! {
+            started = server::start(&settings, Arc::new(SystemClock::default())) => started,
+            // Not serving yet: nothing to drain.
+            () = signals.next() => {
+                eprintln!("portcullis: stopped by a signal before it served");
+                return ExitCode::SUCCESS;
+            }
+        };
+        let mut running = match started {
             Ok(running) => running,
             Err(e) => {
                 eprintln!("portcullis: {e}");
@@ -179,7 +188,7 @@ fn serve(settings: Settings) -> ExitCode {
             }
         };
         let (code, drain_period) = tokio::select! {
-            () = shutdown_signal() => (ExitCode::SUCCESS, settings.drain_period),
+            () = signals.next() => (ExitCode::SUCCESS, settings.drain_period),
             // Never ready (the store never answered): nobody routes here, nothing to drain.
             reason = running.fatal() => {
                 eprintln!("portcullis: {reason}");
@@ -190,7 +199,7 @@ fn serve(settings: Settings) -> ExitCode {
         // kubelet that will not wait): in-flight calls are cut, as a kill would.
         tokio::select! {
             () = running.drain(drain_period) => {}
-            () = shutdown_signal() => {
+            () = signals.next() => {
                 eprintln!("portcullis: a second signal during the drain: stopping now");
                 // Not through the runtime's drop, which would wait for its blocking tasks.
                 std::process::exit(130);
@@ -203,25 +212,39 @@ fn serve(settings: Settings) -> ExitCode {
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+/// SIGTERM and SIGINT, listened for from before the start: one that comes while the listeners
+/// open (or while the first xDS rules are awaited) is answered by a prompt exit, not by the
+/// signal's default action halfway through a start.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+
+    /// The next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        let Signals { term, int } = self;
+        tokio::select! {
+            () = recv(term) => {}
+            () = recv(int) => {}
+        }
+    }
 }
 
 fn options(merge_domains: bool) -> LoadOptions {

@@ -129,3 +129,51 @@ async fn a_second_signal_during_the_drain_stops_at_once() {
         assert!(server.log().contains("a second signal"), "{}", server.log());
     }
 }
+
+/// A SIGTERM while the start still waits for its first rules over xDS (the server unreachable):
+/// the process exits at once, 0, saying so. Before, a signal that came before the handlers were
+/// installed (they were, only once the start was done) met its default action: the process died
+/// of the signal, and a second signal test was flaky on a busy machine for the same reason.
+#[tokio::test]
+async fn a_signal_before_the_first_rules_stops_at_once() {
+    let admin = common::redis::free_port();
+    let xds = common::redis::free_port();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_portcullis"));
+    command
+        .args(["serve", "--rules-xds-server", &format!("127.0.0.1:{xds}")])
+        .args(["--grpc-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+        .stderr(log.reopen().unwrap());
+    let mut child = common::process::Killed(command.spawn().expect("start portcullis"));
+    let read_log = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    // The waiting listener answers once the start is under way.
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", admin)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}",
+            read_log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let signalled = Instant::now();
+    let exit = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(5),
+            "still waiting for rules {:?} after SIGTERM",
+            signalled.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(exit.code(), Some(0), "{exit}: {}", read_log());
+    assert!(read_log().contains("before it served"), "{}", read_log());
+}
