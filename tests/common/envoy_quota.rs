@@ -131,6 +131,27 @@ pub struct Beside {
 }
 
 impl Beside {
+    /// Returns once the RLQS replica answers reports at once: a replica that is the first to
+    /// serve RLQS on a Redis answers its first reports up to 1.5 s late, until every replica has
+    /// seen it (docs/envoy.md), and the gateway admits meanwhile by its filter's own
+    /// `no_assignment_behavior` (allow), outside the budget's bound: at 10 a second, about 7
+    /// more in the first minute of one CI run (69 + 59 = 128 within 60 s). A report of a
+    /// descriptor no rule limits waits the same and spends nothing.
+    pub async fn settled(&self) {
+        let mut probe =
+            super::rlqs::Gateway::open_at(([127, 0, 0, 1], self.local.grpc_port).into()).await;
+        let unlimited: &[(&str, &str)] = &[("settle", "probe")];
+        let answered = tokio::time::timeout(
+            Duration::from_secs(10),
+            probe.report("edge", &[(unlimited, 1, 0)]),
+        )
+        .await;
+        assert!(
+            matches!(answered, Ok(Ok(_))),
+            "the RLQS replica did not answer a report within 10 s: {answered:?}"
+        );
+    }
+
     pub fn start() -> Beside {
         let redis = super::redis::RedisServer::start();
         let rules = rules_dir();

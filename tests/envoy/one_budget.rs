@@ -26,6 +26,7 @@ async fn a_gateway_on_rlqs_and_one_on_rls_share_a_fixed_window_and_a_token_bucke
 
 async fn rlqs_and_rls_share(tenant: &str, rule: &str) {
     let side = Beside::start();
+    side.settled().await;
     let (a, b, local, per_call) = (&side.a, &side.b, &side.local, &side.per_call);
 
     let run = Duration::from_secs(20);
@@ -82,6 +83,7 @@ async fn rlqs_and_rls_share(tenant: &str, rule: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rls_and_rlqs_on_one_minute_rule_stay_within_it() {
     let side = Beside::start();
+    side.settled().await;
     let (a, b, local, per_call) = (&side.a, &side.b, &side.local, &side.per_call);
     let half = Duration::from_secs(30);
     let origin = Instant::now();
