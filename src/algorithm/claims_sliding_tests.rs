@@ -108,7 +108,7 @@ fn run_sliding(
 proptest! {
     // The same 256 sequences in every run (a fixed seed). Random seeds found, in one CI run of
     // about a dozen, a sequence that passes the bound by one (10 > 9: one gateway on a sliding
-    // second of 8, RLS bursts of 3, 2 and 5 beside its reports; the case is in the closing note
+    // minute of 8, RLS bursts of 3, 2 and 5 beside its reports; the case is in the closing note
     // of 2026-11-27 and an open finding of issue 48, as the fixed window's 45 > 44 above it in
     // claims_tests.rs): until the design is fixed, CI checks a reproducible set rather than
     // meeting that case one run in ten. To explore, change the seed.
