@@ -63,18 +63,28 @@ pub fn ask(
             .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
         // `ask` stands for a request that ends when it is answered: a concurrency slot it took
         // is given back at once, as Envoy's release would, never held for its lease.
-        let held = held_slots(&response);
+        let held = metadata_numbers(&response, "held");
+        let leases = metadata_numbers(&response, "lease");
+        let mut seen = std::collections::BTreeMap::<String, usize>::new();
         for descriptor in &request.descriptors {
             let keys: Vec<&str> = descriptor.entries.iter().map(|e| e.key.as_str()).collect();
-            let name = keys.join(".");
-            let Some(&slots) = held.get(&name).filter(|n| **n > 0) else {
+            // Named as the service names them: a second descriptor of the same keys `keys#2`.
+            let mut name = keys.join(".");
+            let nth = seen.entry(name.clone()).or_insert(0);
+            *nth += 1;
+            if *nth > 1 {
+                name = format!("{name}#{nth}");
+            }
+            let slots = held.get(&name).copied().unwrap_or(0);
+            let Some(&lease) = leases.get(&name).filter(|n| **n > 0 && slots > 0) else {
                 continue;
             };
             let release = RateLimitRequest {
                 domain: request.domain.clone(),
                 hits_addend: 0,
                 descriptors: vec![RateLimitDescriptor {
-                    hits_addend: Some(slots),
+                    // The lease it took, and no other request's.
+                    hits_addend: Some(lease),
                     is_negative_hits: true,
                     ..descriptor.clone()
                 }],
@@ -128,16 +138,17 @@ pub fn ask(
     }
 }
 
-/// The concurrency slots an answer says were taken (`held` in its dynamic metadata), by the
-/// descriptor's keys joined with `.`.
-fn held_slots(
+/// What an answer's dynamic metadata says of its concurrency takes (`held`: the slots, `lease`:
+/// the leases' name), by the descriptor's keys joined with `.`.
+fn metadata_numbers(
     response: &portcullis::pb::RateLimitResponse,
+    field: &str,
 ) -> std::collections::BTreeMap<String, u64> {
     use prost_types::value::Kind;
     let Some(Kind::StructValue(held)) = response
         .dynamic_metadata
         .as_ref()
-        .and_then(|m| m.fields.get("held"))
+        .and_then(|m| m.fields.get(field))
         .and_then(|v| v.kind.clone())
     else {
         return Default::default();

@@ -4,15 +4,33 @@
 //! `max_duration`), so a gateway that dies holding slots, or a release that is lost, frees them
 //! within that time. The state is the leases' end times, earliest first.
 //!
-//! Leases carry no identity: a release frees the slot that would end first. That never admits
-//! more than the limit while every admitted request releases what it took; it may hold a slot of
-//! a finished request a little longer (until its lease ends) when a stale one was freed instead.
-//! A release with nothing held is a no-op, never a credit.
+//! Leases are owned: every take ends at a millisecond of its own on its key (a take in the same
+//! millisecond as the last one ends a millisecond after it), and that end, as a number Envoy can
+//! carry back (`lease_token`), names the take's leases. A release of a token frees those leases
+//! and no other: one whose lease already ended frees nothing, so a request that ran past its
+//! lease cannot free the slot another request took since. A release of at most `MAX_SLOTS` hits
+//! is a count (0.1.0's `held`): it frees the leases that end first. A release with nothing held
+//! is a no-op, never a credit.
 
 use super::{Decision, Limit, Outcome, us};
 
 /// The most slots one descriptor may have: each is 8 bytes of state, read and written per call.
 pub const MAX_SLOTS: u64 = 1_000;
+
+/// Envoy's ratelimit filter drops a descriptor whose `hits_addend` from a format is above 10^9,
+/// so tokens stay within it, and above `MAX_SLOTS` so that they are never read as a count.
+const TOKEN_SPAN_MS: u64 = 1_000_000_000 - MAX_SLOTS;
+
+/// The number that names the leases ending at `end_us`: their end in milliseconds, modulo about
+/// 11.6 days (leases last at most a day, so two live ends of one key never share a token).
+pub fn lease_token(end_us: u64) -> u64 {
+    MAX_SLOTS + 1 + (end_us / 1_000) % TOKEN_SPAN_MS
+}
+
+/// A release's hits: a token when above `MAX_SLOTS`, else a count of slots.
+pub fn is_token(hits: u64) -> bool {
+    hits > MAX_SLOTS
+}
 
 /// The ends of the leases held, in microseconds on the store's clock, earliest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,10 +69,7 @@ pub fn check(state: &mut LeaseState, now_us: u64, limit: &Limit, hits: u64) -> O
     let held = state.ends_us.len() as u64;
     let allowed = held.saturating_add(hits) <= limit.requests.min(MAX_SLOTS);
     if allowed && hits > 0 {
-        let end = now_us.saturating_add(limit.window_us.max(1));
-        // Every new lease ends last: now only moves forward (a clock stepped back keeps order
-        // by ending no earlier than the latest one).
-        let end = end.max(state.ends_us.last().copied().unwrap_or(0));
+        let end = lease_end(now_us, limit.window_us, state.ends_us.last().copied());
         state
             .ends_us
             .extend(std::iter::repeat_n(end, hits as usize));
@@ -62,17 +77,33 @@ pub fn check(state: &mut LeaseState, now_us: u64, limit: &Limit, hits: u64) -> O
     summarize(&state.held(), now_us, limit, hits, allowed)
 }
 
-/// Releases up to `hits` slots, those whose leases end first; nothing held, nothing released.
+/// A new take's end: its lease from now, on a whole millisecond, and at least a millisecond after
+/// the latest end held, so that it ends last (a clock stepped back keeps the order) and its token
+/// is its own. lua/concurrency.lua computes the same.
+pub fn lease_end(now_us: u64, window_us: u64, last_end_us: Option<u64>) -> u64 {
+    let end_ms = now_us.saturating_add(window_us.max(1)).div_ceil(1_000);
+    let after_last_ms = last_end_us.map_or(0, |last| last / 1_000 + 1);
+    end_ms.max(after_last_ms).saturating_mul(1_000)
+}
+
+/// A release: `hits` above `MAX_SLOTS` is a lease token, freeing that take's leases if they are
+/// still held; else up to `hits` slots, those whose leases end first. Nothing held, nothing
+/// released.
 pub fn refund(state: &mut LeaseState, now_us: u64, limit: &Limit, hits: u64) -> Outcome {
     state.expire(now_us);
-    let released = (hits as usize).min(state.ends_us.len());
-    state.ends_us.drain(..released);
+    if is_token(hits) {
+        state.ends_us.retain(|&end| lease_token(end) != hits);
+    } else {
+        let released = (hits as usize).min(state.ends_us.len());
+        state.ends_us.drain(..released);
+    }
     summarize(&state.held(), now_us, limit, 0, true)
 }
 
 /// What Envoy is told: `limit` the slots, `remaining` the slots free now, `reset_after` when
 /// every slot held is free at the latest (their leases all ended), `retry_after` (refused) when
-/// one is free at the latest; a release may free one sooner.
+/// one is free at the latest; a release may free one sooner. `lease` (a take that passed) names
+/// the leases it took: they end last.
 pub fn summarize(held: &Held, now_us: u64, limit: &Limit, hits: u64, allowed: bool) -> Outcome {
     let slots = limit.requests.min(MAX_SLOTS);
     let until = |end: u64| end.saturating_sub(now_us);
@@ -94,6 +125,7 @@ pub fn summarize(held: &Held, now_us: u64, limit: &Limit, hits: u64, allowed: bo
             reset_after: us(until(held.last_end_us)),
             retry_after,
             by_failure_mode: false,
+            lease: (allowed && hits > 0 && held.count > 0).then(|| lease_token(held.last_end_us)),
         },
         keep_for_us: if held.count > 0 {
             until(held.last_end_us)
@@ -158,6 +190,63 @@ mod tests {
         // A late release of the lease that ended releases the new one: the count stays right.
         refund(&mut s, 10_000_001, &l, 1);
         assert_eq!(s.ends_us.len(), 0);
+    }
+
+    /// Issue 43's case: one slot, a lease of a second. A runs past its lease, B takes the slot,
+    /// then A's release comes: it names A's lease, which ended, and frees nothing; C is refused
+    /// while B is in flight, and B's own release frees the slot.
+    #[test]
+    fn a_late_release_frees_only_its_own_lease() {
+        let l = limit(1, 1);
+        let mut s = LeaseState::default();
+        let a = check(&mut s, 0, &l, 1).decision.lease.expect("A's lease");
+        let b = check(&mut s, 1_200_000, &l, 1)
+            .decision
+            .lease
+            .expect("B's lease");
+        assert_ne!(a, b);
+        refund(&mut s, 1_500_000, &l, a);
+        assert!(
+            !check(&mut s, 1_600_000, &l, 1).decision.allowed,
+            "C admitted while B is in flight: A's late release freed B's slot"
+        );
+        refund(&mut s, 1_700_000, &l, b);
+        assert!(check(&mut s, 1_800_000, &l, 1).decision.allowed);
+    }
+
+    #[test]
+    fn takes_in_one_millisecond_get_leases_of_their_own() {
+        let l = limit(3, 60);
+        let mut s = LeaseState::default();
+        let one = check(&mut s, 5_000_100, &l, 2).decision.lease.expect("one");
+        let two = check(&mut s, 5_000_200, &l, 1).decision.lease.expect("two");
+        assert_ne!(one, two);
+        // The second ends a millisecond after the first, on a whole millisecond.
+        assert_eq!(s.ends_us, vec![65_001_000, 65_001_000, 65_002_000]);
+        // Releasing the first take frees its two slots, not the second's.
+        refund(&mut s, 5_000_300, &l, one);
+        assert_eq!(s.ends_us, vec![65_002_000]);
+        // A count (0.1.0's `held`) still frees the earliest.
+        refund(&mut s, 5_000_400, &l, 1);
+        assert!(s.ends_us.is_empty());
+        // Tokens are above the slots a rule may have and within Envoy's bound on hits_addend.
+        for end in [
+            0,
+            999,
+            1_000,
+            u64::MAX / 2,
+            999_999_000_000 - 1,
+            999_999_000_000,
+        ] {
+            let t = lease_token(end);
+            assert!(is_token(t) && t <= 1_000_000_000, "{end}: {t}");
+        }
+        // A refused take and a check of no hits name no lease.
+        let full = limit(1, 60);
+        let mut s = LeaseState::default();
+        assert!(check(&mut s, 0, &full, 0).decision.lease.is_none());
+        check(&mut s, 0, &full, 1);
+        assert!(check(&mut s, 1, &full, 1).decision.lease.is_none());
     }
 
     #[test]

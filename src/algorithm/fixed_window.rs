@@ -79,6 +79,7 @@ pub fn summarize(
             reset_after: us(ends_in_us),
             retry_after,
             by_failure_mode: false,
+            lease: None,
         },
         keep_for_us: if count > 0 { ends_in_us } else { 0 },
     }

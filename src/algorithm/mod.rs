@@ -139,6 +139,9 @@ pub struct Decision {
     /// Answered by the failure mode (allow or deny) without any counter: `limit` and
     /// `remaining` say nothing of a budget, and must not be reported as if they did.
     pub by_failure_mode: bool,
+    /// A concurrency take that passed: the token naming the leases it took (`concurrency::
+    /// lease_token`), which its release gives back to free those and no other.
+    pub lease: Option<u64>,
 }
 
 /// Decision for a limit of zero requests: nothing but a check-only call passes, and no state is
@@ -151,6 +154,7 @@ pub fn zero_limit_decision(hits: u64) -> Decision {
         reset_after: Duration::ZERO,
         retry_after: None,
         by_failure_mode: false,
+        lease: None,
     }
 }
 

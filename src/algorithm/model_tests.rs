@@ -83,6 +83,7 @@ impl SlidingModel {
             reset_after: us(reset_after),
             retry_after,
             by_failure_mode: false,
+            lease: None,
         }
     }
 }
@@ -181,6 +182,7 @@ impl BucketModel {
             reset_after: us((full - self.scaled).div_ceil(rate) as u64),
             retry_after,
             by_failure_mode: false,
+            lease: None,
         }
     }
 }
@@ -229,6 +231,7 @@ proptest! {
                 reset_after: us(ends_in),
                 retry_after: (!allowed && hits <= limit.requests).then(|| us(ends_in.max(1))),
                 by_failure_mode: false,
+                lease: None,
             };
             prop_assert_eq!(got, want);
         }

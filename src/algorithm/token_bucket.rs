@@ -260,6 +260,7 @@ pub fn summarize(
             reset_after: us(reset_after_us),
             retry_after,
             by_failure_mode: false,
+            lease: None,
         },
         keep_for_us: reset_after_us,
     }

@@ -203,6 +203,7 @@ mod tests {
             reset_after: Duration::from_secs(3600),
             retry_after: Some(Duration::from_secs(3600)),
             by_failure_mode: false,
+            lease: None,
         }
     }
 

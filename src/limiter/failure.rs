@@ -30,6 +30,7 @@ pub(super) fn failed_open(limit: &Limit) -> Decision {
         reset_after: Duration::ZERO,
         retry_after: None,
         by_failure_mode: true,
+        lease: None,
     }
 }
 
@@ -48,5 +49,6 @@ pub(super) fn failed_closed(limit: &Limit) -> Decision {
         reset_after: wait,
         retry_after: Some(wait),
         by_failure_mode: true,
+        lease: None,
     }
 }

@@ -345,6 +345,14 @@ descriptors:
             "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: a, unit: hour, requests_per_unit: 5}\n      - {name: b, unit: day, requests_per_unit: 50, replaces: [{name: a}]}\n",
         );
         assert!(itself.contains("a rule cannot replace itself"), "{itself}");
+        let two_slots = error(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {algorithm: concurrency, unit: hour, requests_per_unit: 5}\n      - {unit: day, requests_per_unit: 50}\n      - {algorithm: concurrency, unit: hour, requests_per_unit: 2, max_duration: 1m}\n",
+        );
+        assert!(
+            two_slots.contains("rate_limits[2].algorithm")
+                && two_slots.contains("a second concurrency limit on one descriptor"),
+            "{two_slots}"
+        );
         let mut many = String::from("domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n");
         for n in 0..=yaml::MAX_LAYERS {
             many.push_str(&format!(

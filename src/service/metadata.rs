@@ -2,9 +2,9 @@
 //! the domain, each descriptor (`entries` as `key=value` strings, its `limit` override and
 //! `hitsAddend` when set), the request's `hitsAddend` when not 0, and `metadata`: the rules'
 //! `metadata` of the descriptors that passed, merged (the first one wins a conflict; maps merge).
-//! Apart from it, `held`: the slots each concurrency descriptor took (`concurrency`, written
-//! whatever the flag says), which Envoy's release at stream end reads back, so that a request that
-//! took nothing gives nothing back.
+//! Apart from it, `held` and `lease`: the slots each concurrency descriptor took and the name of
+//! their leases (written whatever the flag says), which Envoy's release at stream end reads back,
+//! so that a request frees only what it took.
 //! It must never put a value there that the request or the rules did not give.
 
 use std::collections::BTreeMap;
@@ -139,37 +139,62 @@ pub(super) fn describe(
     Struct { fields }
 }
 
-/// The slots each concurrency charge of the call took, by its descriptor's keys joined with `.`
-/// (`user`, `user.model`): its hits when it was charged, 0 when it was refused or not charged (a
-/// probe, an all-or-nothing call refused). `None` when the call has no concurrency charge.
-/// Numbers as text: Envoy's `%DYNAMIC_METADATA(...)%` prints a string as it is.
+/// What each concurrency charge of the call took, by its descriptor's keys joined with `.`
+/// (`user`, `user.model`; a second descriptor of the same keys in the call `user#2`, a third
+/// `user#3`): `held`, its slots (its hits when charged, 0 when refused or not charged: a probe, an
+/// all-or-nothing call refused), and `lease`, the token naming the leases it took (0 when it took
+/// none), which a release gives back to free those and no other. Empty when the call has no
+/// concurrency charge. Numbers as text: Envoy's `%DYNAMIC_METADATA(...)%` prints a string as it
+/// is.
 pub(super) fn held(
     request: &RateLimitRequest,
     planned: &[Planned],
     charge: ChargeMode,
     refused: bool,
-) -> Option<(String, Value)> {
+) -> Vec<(String, Value)> {
     let charged = match charge {
         ChargeMode::Probe => false,
         ChargeMode::AllOrNothing => !refused,
         ChargeMode::EachAlone => true,
     };
-    let mut held = BTreeMap::new();
+    let (mut held, mut leases) = (BTreeMap::new(), BTreeMap::new());
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     for (d, p) in request.descriptors.iter().zip(planned) {
         let concurrency = p
             .check
             .iter()
-            .chain(p.layers.iter().map(|l| &l.check))
-            .any(|c| c.limit.algorithm == Algorithm::Concurrency);
-        if !concurrency || p.refund {
+            .map(|c| (c, p.decision))
+            .chain(p.layers.iter().map(|l| (&l.check, l.decision)))
+            .find(|(c, _)| c.limit.algorithm == Algorithm::Concurrency);
+        let Some((_, decision)) = concurrency.filter(|_| !p.refund) else {
             continue;
-        }
-        let took = match p.decision {
-            Some(decision) if decision.allowed && charged && !decision.by_failure_mode => p.hits,
-            _ => 0,
         };
+        // The call's answer for the descriptor (a layered one: its binding layer) says whether
+        // it passed; the concurrency check's own decision names the lease.
+        let took = match (p.decision, decision) {
+            (Some(overall), Some(own))
+                if overall.allowed && charged && !overall.by_failure_mode && own.allowed =>
+            {
+                Some((p.hits, own.lease.unwrap_or(0)))
+            }
+            _ => None,
+        };
+        let (slots, lease) = took.unwrap_or((0, 0));
         let keys: Vec<&str> = d.entries.iter().map(|e| e.key.as_str()).collect();
-        held.insert(keys.join("."), text(took.to_string()));
+        let mut name = keys.join(".");
+        let nth = seen.entry(name.clone()).or_insert(0);
+        *nth += 1;
+        if *nth > 1 {
+            name = format!("{name}#{nth}");
+        }
+        held.insert(name.clone(), text(slots.to_string()));
+        leases.insert(name, text(lease.to_string()));
     }
-    (!held.is_empty()).then(|| ("held".to_owned(), object(held)))
+    if held.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        ("held".to_owned(), object(held)),
+        ("lease".to_owned(), object(leases)),
+    ]
 }

@@ -126,11 +126,11 @@ pub fn build(
     let mut dynamic_metadata = config
         .dynamic_metadata
         .then(|| super::metadata::describe(request, planned, &statuses));
-    if let Some((key, held)) = super::metadata::held(request, planned, config.charge, refused) {
+    for (key, value) in super::metadata::held(request, planned, config.charge, refused) {
         dynamic_metadata
             .get_or_insert_with(Default::default)
             .fields
-            .insert(key, held);
+            .insert(key, value);
     }
     RateLimitResponse {
         overall_code: overall as i32,

@@ -176,8 +176,9 @@ fn concurrency_slots_held_in_all_are_bounded_by_the_counter_cap() {
     assert!(store.check_at(&slots("a", 3, true), now).unwrap().allowed);
     assert!(store.check_at(&slots("b", 3, false), now).unwrap().allowed);
     assert!(store.check_at(&slots("c", 1, false), now).is_err());
-    // The leases end (60 s): swept, the slots are free.
-    clock.advance_us(60_000_001);
+    // The leases end (60 s, and a millisecond more for each take in the same millisecond as the
+    // last): swept, the slots are free.
+    clock.advance_us(60_010_000);
     store.sweep();
     assert!(
         store

@@ -1,7 +1,8 @@
 //! Concurrency limits behind a real Envoy 1.40, configured as docs/rules.md says: the ratelimit
 //! filter's own `rate_limits` take a slot on the request and give back, when the stream is done,
-//! the slots the answer said were taken (`held` in the dynamic metadata: a request Envoy refused
-//! gives nothing back, although Envoy sends its release too). A slow upstream (a fault filter
+//! the leases the answer said were taken (`lease` in the dynamic metadata: a request Envoy refused
+//! gives nothing back, although Envoy sends its release too, and a request that ran past its lease
+//! frees nothing another request took since). A slow upstream (a fault filter
 //! delays requests marked `x-slow`) keeps requests in flight. On memory, standalone Redis, Sentinel and
 //! Cluster: with 2 in flight per user a third concurrent request is refused, a request after
 //! one completes passes; a gateway killed with requests in flight frees their slots when their
@@ -33,7 +34,7 @@ fn gateway(grpc_port: u16) -> Gateway {
     let mut g = Gateway::new("llm", &[grpc_port]);
     let filter = envoy::readme_envoy_blocks()
         .into_iter()
-        .find(|b| b.contains("held:user"))
+        .find(|b| b.contains("lease:user"))
         .expect("docs/rules.md's concurrency filter");
     g.http_filters = filter.replacen(
         "    failure_mode_deny:",
@@ -203,4 +204,70 @@ async fn at_most_two_in_flight_per_user_on_sentinel() {
         "mymaster",
     ])
     .await;
+}
+
+/// Issue 43's case through Envoy, with the filter as docs/rules.md gives it: one slot, a lease of
+/// 4 s, requests that take 5 s. A holds the slot and runs past its lease; B takes the slot once
+/// A's lease ended; A ends and Envoy sends A's release; C comes while B is in flight and must be
+/// refused. Before leases were owned, A's release freed the earliest lease, B's: C was admitted,
+/// two in flight on one slot.
+async fn a_late_release_frees_nothing(store_args: &[&str]) {
+    const ONE_SLOT: &str = "domain: llm
+descriptors:
+  - key: user
+    rate_limit: {algorithm: concurrency, requests_per_unit: 1, unit: minute, max_duration: 4s}
+";
+    const LEASE: Duration = Duration::from_secs(4);
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("llm.yaml"), ONE_SLOT).expect("rules");
+    let mut args = store_args.to_vec();
+    args.extend(["--store-timeout", "500ms"]);
+    let portcullis = ServeProcess::spawn(dir.path(), &args, &[], &[]);
+    let port = portcullis.grpc_port;
+    let g = gateway(port);
+    let _envoy = g.start();
+
+    let a = spawn_get(&g, "dana", true);
+    wait_free(port, "dana", 0, Duration::from_secs(3)).await;
+    // A's lease ends while A runs (its request takes 5 s).
+    wait_free(port, "dana", 1, LEASE + Duration::from_secs(2)).await;
+    let b = spawn_get(&g, "dana", true);
+    wait_free(port, "dana", 0, Duration::from_secs(3)).await;
+    let b_taken = Instant::now();
+    // A ends; its release is the next call Portcullis answers.
+    let calls_before = grpc_calls(&portcullis).await;
+    assert_eq!(a.await.expect("A"), 200);
+    let started = Instant::now();
+    while grpc_calls(&portcullis).await < calls_before + 1.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no release of A"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let c = envoy::get(g.ingress_addr(), None, "/", &[("x-user", "dana")]).await;
+    assert!(
+        b_taken.elapsed() < LEASE,
+        "C came {:?} after B took its slot, past B's lease: the check says nothing (a machine \
+         too slow for this test)",
+        b_taken.elapsed()
+    );
+    assert_eq!(
+        c.status, 429,
+        "{store_args:?}: C admitted while B is in flight: A's late release freed B's slot"
+    );
+    // B's own release frees B's slot.
+    assert_eq!(b.await.expect("B"), 200);
+    wait_free(port, "dana", 1, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_frees_nothing_on_memory() {
+    a_late_release_frees_nothing(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_frees_nothing_on_redis() {
+    let redis = RedisServer::start();
+    a_late_release_frees_nothing(&["--store", "redis", "--redis-url", &redis.url()]).await;
 }

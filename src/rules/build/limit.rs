@@ -71,6 +71,20 @@ impl Ctx<'_> {
                 );
                 continue;
             }
+            if limit.algorithm == Algorithm::Concurrency
+                && layers
+                    .iter()
+                    .any(|l| l.limit.algorithm == Algorithm::Concurrency)
+            {
+                // Envoy's release carries one number per descriptor: the lease of one take.
+                self.error(
+                    layer_line,
+                    format!("{at}.algorithm"),
+                    "a second concurrency limit on one descriptor: a release names the lease \
+                     of one (put the other on a descriptor of its own)",
+                );
+                continue;
+            }
             replaces.extend(rule.replaces.iter().cloned());
             layers.push(Layer {
                 name: rule.name.clone(),

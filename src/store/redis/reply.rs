@@ -196,15 +196,22 @@ pub fn decision(check: &Check, numbers: &[u64], charged: bool) -> Result<Decisio
             fixed_window::summarize(&state, now_us, limit, hits, allowed)
         }
         Algorithm::Concurrency => {
-            let [count, first_end_us, last_end_us] = rest else {
-                return Err(protocol("concurrency reply needs held, first and last end"));
+            let [count, first_end_us, last_end_us, took] = rest else {
+                return Err(protocol(
+                    "concurrency reply needs held, first and last end, took",
+                ));
             };
             let held = Held {
                 count: *count,
                 first_end_us: *first_end_us,
                 last_end_us: *last_end_us,
             };
-            concurrency::summarize(&held, now_us, limit, hits, allowed)
+            let mut outcome = concurrency::summarize(&held, now_us, limit, hits, allowed);
+            // A take the script did not commit (an all-or-nothing call refused) names no lease.
+            if *took != 1 {
+                outcome.decision.lease = None;
+            }
+            outcome
         }
     };
     Ok(outcome.decision)

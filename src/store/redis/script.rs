@@ -280,7 +280,8 @@ pub fn push_args(check: &Check, args: &mut Vec<i64>) {
                 16,
                 as_i64(limit.window_us.max(1)),
                 as_i64(limit.requests),
-                as_i64(hits.min(concurrency::MAX_SLOTS)),
+                // A count of at most MAX_SLOTS, or a lease token (up to 10^9).
+                as_i64(hits),
                 0,
                 0,
             ]),

@@ -3,6 +3,7 @@
 
 use crate::common;
 mod counting;
+mod leases;
 mod matching;
 mod modes;
 

@@ -38,6 +38,8 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
             })
             .collect();
         let mut limits = limits;
+        // The lease tokens each descriptor's takes were answered with (concurrency).
+        let mut leases: Vec<Vec<u64>> = vec![Vec::new(); limits.len()];
         let mut now = FUTURE_US + rng.below(86_400_000_000);
         for step in 0..60 {
             // A reload that changes a token bucket's numbers keeps its key and state.
@@ -71,6 +73,11 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                         0 => 0,
                         1 => u64::MAX,
                         2 => limit.capacity() + 1,
+                        // A concurrency release of a lease a take on this key was answered
+                        // with: live, ended, or released already.
+                        3 if !leases[i].is_empty() => {
+                            leases[i][rng.below(leases[i].len() as u64) as usize]
+                        }
                         _ => 1 + rng.below(limit.capacity().clamp(1, 6)),
                     },
                     // Some hits are given back (Envoy's is_negative_hits).
@@ -101,6 +108,9 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
                 from_redis, from_memory,
                 "case {case} step {step} at {now} {mode:?}: {checks:?}"
             );
+            for (i, decision) in from_memory.iter().take(leases.len()).enumerate() {
+                leases[i].extend(decision.lease);
+            }
             // Every key's expiry, absolute on the shared clock, as the model keeps its counter:
             // a key that outlives its state is harmless, one that expires before it hands the
             // budget out again (issue 48: a fixed window's TTL halved passed every test).
