@@ -10,8 +10,8 @@
 -- reserved_since_us and granted_rate, which the check script and older replicas do not read:
 -- its claim_rate already holds the reservation).
 -- ARGV: per key capacity, gateway, demand, ttl_us, kind (0 a report; 1 RLS calls' demand,
--- recorded with no grant, as algorithm::share::record_demand; 2 the grant ended, its stream
--- ended, as algorithm::share::release), charged (1: the gateway's admissions up to now are in
+-- recorded with no grant, as algorithm::share::record_demand; 2 its stream ended: its share
+-- freed, its claim kept to its grant's end, as algorithm::share::release), charged (1: the gateway's admissions up to now are in
 -- the rule's counters, its claim starts again), the rule's longest window (us), what its
 -- windows have left (algorithm::share::Room: per window "operation:window:remaining:span",
 -- joined by ';'); then the clock (0: Redis TIME; a fixed reading in us only in tests), then the
@@ -173,15 +173,15 @@ for k, key in ipairs(KEYS) do
   end
   local per_fill, every, short = 0, 0, 0
   if kind == '2' then
-    -- algorithm::share::release: the grant ends now, its claim stays a window.
+    -- algorithm::share::release: its share free now (no demand, no grant), its claim kept
+    -- until its last assignment ends (Envoy admits on it until then) and a window after.
     if mine ~= nil then
-      local w = math.max(mine.keep - mine.expires, 0)
-      local ends = math.min(mine.expires, now)
       -- A reservation was never granted: nothing was admitted on it.
       local claim_rate = mine.granted_rate
       redis.call('HDEL', key, 'v' .. gateway)
-      if claim_rate > 0 and ends > mine.since and ends + w > now then
-        redis.call('HSET', key, gateway, record(0, 0, ends, mine.since, claim_rate, ends + w))
+      if claim_rate > 0 and mine.expires > mine.since and mine.keep > now then
+        redis.call('HSET', key, gateway,
+          record(0, 0, mine.expires, mine.since, claim_rate, mine.keep))
       else
         redis.call('HDEL', key, gateway)
       end

@@ -35,7 +35,7 @@ fn run_bucket(
         now += u64::from(advance_ms) * (w / 40_000).min(1000);
         let g = usize::from(who) % gateways;
         if what % 5 == 4 {
-            end_stream(&mut gw[g], &mut ended, now);
+            end_stream(&mut gw[g], &mut ended);
             continue;
         }
         let claims: Vec<Claim> = gw

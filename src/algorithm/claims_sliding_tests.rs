@@ -43,7 +43,7 @@ fn run_sliding(
         now += u64::from(advance_ms) * (w / 40_000).min(1000);
         let g = usize::from(who) % gateways;
         if what % 5 == 4 {
-            end_stream(&mut gw[g], &mut ended, now);
+            end_stream(&mut gw[g], &mut ended);
             shares.release(g, now);
             continue;
         }

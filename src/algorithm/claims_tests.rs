@@ -100,6 +100,9 @@ pub(super) struct Gateway {
     pub(super) at_us: u64,
     /// Admitted since its last report.
     pub(super) unreported: u64,
+    /// Its stream ended: it still admits on its last assignment until that ends (Envoy keeps
+    /// the bucket; only the stream is gone), and its next report is a new stream's first.
+    pub(super) moved: bool,
 }
 
 impl Gateway {
@@ -115,6 +118,7 @@ impl Gateway {
             fill: 0.0,
             at_us: 0,
             unreported: 0,
+            moved: false,
         }
     }
 
@@ -142,6 +146,12 @@ impl Gateway {
     /// What its report at `now` charges into `l`: what it admitted since its last report, at
     /// most its claim there and its fill (`service::quota::charge::charges`).
     pub(super) fn report_charge(&mut self, l: &Limit, now: u64) -> u64 {
+        if self.moved {
+            // A new stream's first report: what it admitted is the old stream's claim's
+            // (`service::quota::charge`: nothing before the stream's first grant).
+            self.unreported = 0;
+            return 0;
+        }
         let past = Claim {
             ends_us: now.min(self.claim.ends_us),
             ..self.claim
@@ -165,6 +175,7 @@ impl Gateway {
         ends_us: u64,
     ) -> Option<u64> {
         self.refill(now);
+        self.moved = false;
         let changed = granted != self.claim.rate || now >= self.claim.ends_us;
         self.claim = Claim {
             rate: granted,
@@ -183,7 +194,7 @@ impl Gateway {
     /// Whether its stream has had an assignment (its report's admissions are then charged:
     /// `service::quota::charge`).
     pub(super) fn charged(&self) -> bool {
-        self.claim.ends_us > self.claim.since_us
+        !self.moved && self.claim.ends_us > self.claim.since_us
     }
 
     /// `assign` of what `share::report` granted (`None`: nothing), in the bucket Envoy is sent
@@ -209,6 +220,9 @@ impl Gateway {
 #[derive(Default)]
 pub(super) struct Shares {
     pub(super) holders: Vec<share::Holder>,
+    /// Per gateway, how many of its streams ended: a gateway that does not name itself is a
+    /// new holder on each stream.
+    streams: std::collections::HashMap<usize, u64>,
 }
 
 impl Shares {
@@ -242,7 +256,7 @@ impl Shares {
         let rate = l.per_second();
         let report = share::Report {
             capacity: rate,
-            gateway: g as u64 + 1,
+            gateway: self.holder(g),
             demand: 3.0 * rate,
             ttl_us,
             charged,
@@ -252,9 +266,17 @@ impl Shares {
         share::report(&mut self.holders, &report, now)
     }
 
-    /// Gateway `g`'s stream ended at `now` (`share::release`).
+    /// Gateway `g`'s holder id on its current stream (a new one per stream: gateways that do
+    /// not name themselves, the default).
+    fn holder(&self, g: usize) -> u64 {
+        g as u64 + 1 + 1000 * self.streams.get(&g).copied().unwrap_or(0)
+    }
+
+    /// Gateway `g`'s stream ended at `now` (`share::release`); its next is a new holder.
     pub(super) fn release(&mut self, g: usize, now: u64) {
-        share::release(&mut self.holders, g as u64 + 1, now);
+        let holder = self.holder(g);
+        share::release(&mut self.holders, holder, now);
+        *self.streams.entry(g).or_default() += 1;
     }
 }
 
@@ -267,22 +289,13 @@ pub(super) fn held_by_others(gw: &[Gateway], me: usize, now: u64) -> f64 {
         .sum()
 }
 
-/// Gateway `gate`'s stream ends at `now` (a drain, a closed connection): its grant ends, its
-/// claim stays for what it may have admitted and never reported (`share::release`), and its
-/// next report is a new stream's first (nothing charged, a fresh bucket).
-pub(super) fn end_stream(gate: &mut Gateway, ended: &mut Vec<Claim>, now: u64) {
-    ended.push(Claim {
-        ends_us: gate.claim.ends_us.min(now),
-        ..gate.claim
-    });
-    gate.claim = Claim {
-        rate: 0.0,
-        since_us: now,
-        ends_us: now,
-    };
-    gate.tokens = 0.0;
-    gate.fill = 0.0;
-    gate.unreported = 0;
+/// Gateway `gate`'s stream ends at `now` (a drain, a closed connection, a maximum connection
+/// age): Envoy keeps its bucket and admits on its last assignment until that ends, so its claim
+/// stays until then and a window after, for what it admitted and never reported
+/// (`share::release`); its next report is a new stream's first (nothing charged).
+pub(super) fn end_stream(gate: &mut Gateway, ended: &mut Vec<Claim>) {
+    ended.push(gate.claim);
+    gate.moved = true;
 }
 
 /// What the gateways' buckets may hold at `at_us`: each one's fill in force then (`history`:
@@ -332,7 +345,7 @@ fn run(window_s: u64, requests: u64, gateways: usize, steps: &[(u8, u8, u32)]) -
                 .collect()
         };
         if what % 5 == 4 {
-            end_stream(&mut gw[g], &mut ended, now);
+            end_stream(&mut gw[g], &mut ended);
             continue;
         }
         match what % 5 {
@@ -429,7 +442,7 @@ fn run_shared(
         if what % 5 == 4 {
             // Its claim stays in the holders (`share::release`); the model's own list is not
             // read.
-            end_stream(&mut gw[g], &mut ended, now);
+            end_stream(&mut gw[g], &mut ended);
             shares.release(g, now);
             continue;
         }

@@ -377,22 +377,22 @@ pub fn record_demand(
     }
 }
 
-/// Ends `gateway`'s grant at `now_us` (its stream ended): what it held is free at once for the
-/// others' next reports, instead of at its grant's end. Its claim stays, ended now, for as long
-/// as the rule's windows can hold what it admitted and never reported.
+/// `gateway`'s stream ended at `now_us`: its share is free at once for the others' next reports
+/// (it asks for nothing and holds no grant), but its claim stays until its last assignment ends
+/// and a window after. Envoy keeps a bucket's assignment when the stream that sent it ends, and
+/// admits on it until its time to live (a stream's end releasing the claim at once let RLS
+/// spend the gateway's part while the gateway still admitted it). The gateway's next report on
+/// the same holder (a gateway that names itself) takes the claim over.
 pub fn release(holders: &mut Vec<Holder>, gateway: u64, now_us: u64) {
     holders.retain_mut(|h| {
         if h.gateway != gateway || h.rls {
             return true;
         }
-        let window = h.keep_until_us.saturating_sub(h.expires_us);
         // A reservation was never granted: nothing was admitted on it.
         h.claim_rate = h.granted_rate;
         h.reserved_since_us = 0;
         h.granted = 0.0;
         h.demand = 0.0;
-        h.expires_us = h.expires_us.min(now_us);
-        h.keep_until_us = h.expires_us.saturating_add(window);
         h.claim_rate > 0.0 && h.keep_until_us > now_us && h.expires_us > h.since_us
     });
 }

@@ -80,16 +80,27 @@ async fn a_grant_claims_its_span_in_each_window_until_charged_and_after_its_end(
     clock.advance_us(2_000_000);
     quota.grant(&[ask("{edge|tenant=a}", 1, 30.0)], far).await;
     assert_eq!(quota.claimed(second, &minute_limit, 102_000_000), Some(15));
-    // Released at 103 s: what it may have admitted in [102, 103) stays claimed in the
-    // minute, and nothing after; the second [104, 105) holds none of it.
+    // Its stream ends at 103 s: Envoy admits on its assignment until that ends (105 s), so
+    // the claim stays whole: [102, 105) at 5/s in the minute, and the second [104, 105) holds
+    // 5 of it; [105, 106) none. (Ending the claim at the release gave the second [104, 105)
+    // back to RLS while the gateway still admitted there.)
     clock.advance_us(1_000_000);
     let release = Ask {
         kind: AskKind::Release,
         ..ask("{edge|tenant=a}", 1, 0.0)
     };
     quota.grant(&[release], far).await;
-    assert_eq!(quota.claimed(second, &minute_limit, 103_000_000), Some(5));
-    assert_eq!(quota.claimed(second, &second_limit, 104_000_000), Some(0));
+    assert_eq!(quota.claimed(second, &minute_limit, 103_000_000), Some(15));
+    assert_eq!(quota.claimed(second, &second_limit, 104_000_000), Some(5));
+    assert_eq!(quota.claimed(second, &second_limit, 105_000_000), Some(0));
+    // Its share is free: another gateway's fair share no longer counts its grant (the room
+    // its windows leave still does: `share::most`).
+    let holders = quota.holders("{edge|tenant=a}");
+    let gone = holders.iter().find(|h| h.gateway == 1).unwrap();
+    assert_eq!(
+        (gone.demand, gone.granted, gone.expires_us),
+        (0.0, 0.0, 105_000_000)
+    );
     // An uncharged report keeps the claim's start, at the highest rate since (RLS' demand
     // has expired: 10/s from 102 s to 106 s).
     quota

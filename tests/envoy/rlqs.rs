@@ -417,8 +417,8 @@ async fn sigterm_moves_the_stream(store_args: &[&str]) {
     );
     replicas[holder].signal("TERM");
     let answers = load.await.unwrap();
-    // The stream that ended freed its holds: the next one, on the other replica, is granted at
-    // its first report (before: a new holder refused everything until the old grant ended).
+    // The stream that ended freed its share (its claim stands until its assignment ends): the
+    // gateway is not left without admissions while its stream moves.
     let admitted: Vec<Duration> = answers
         .iter()
         .filter(|(at, s)| *s == 200 && *at >= Duration::from_secs(5))

@@ -46,11 +46,13 @@ async fn a_gateway_short_of_its_part_gets_it_by_pushes_within_a_second() {
     server.stop().await;
 }
 
-/// A stream that ends frees what it held at once: the other gateway gets the whole rate at its
-/// next report, not after the ended stream's grant has run out (a rolling update moved a stream
-/// and the new one was refused everything until then).
+/// A stream that ends frees its share but not its claim (issue 43 item 1): Envoy keeps the
+/// bucket's assignment when the stream that sent it ends and admits on it until its time to
+/// live, so RLS and the next stream are not given that part until then. Before, the claim ended
+/// with the stream: RLS was given the whole rate while the gateway still admitted its part (15
+/// a second on a rule of 10), and a new stream was granted the whole rate again at once.
 #[tokio::test]
-async fn a_stream_that_ends_frees_its_share_at_once() {
+async fn a_stream_that_ends_keeps_its_claim_until_its_assignment_ends() {
     let server = server().await;
     let admin = server.running.as_ref().unwrap().admin_addr.port();
     let tenant: &[(&str, &str)] = &[("tenant", "moved")];
@@ -62,8 +64,23 @@ async fn a_stream_that_ends_frees_its_share_at_once() {
     );
     drop(old);
     await_streams(admin, 0).await;
-    // No time has passed on the store's clock: only the release frees it.
+    // Its assignment lives 3 s more in the gateway: an RLS call is refused, and a new stream
+    // (unnamed: another holder, for all the store knows another gateway) is granted nothing yet.
+    let rls = server
+        .ok(common::request("edge", &[&[("tenant", "moved")]]))
+        .await;
+    assert_eq!(
+        rls.overall_code,
+        portcullis::pb::rate_limit_response::Code::OverLimit as i32,
+        "RLS given the part the gateway admits"
+    );
     let mut new = Gateway::open(&server).await;
+    assert_eq!(
+        grant(new.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
+        "deny_all ttl 3s"
+    );
+    // Once that assignment ended and its second has passed, the rate is the new stream's.
+    server.clock.advance_us(4_000_000);
     assert_eq!(
         grant(new.report("edge", &[(tenant, 30, 0)]).await.unwrap()),
         "tokens 10/1s max 2 ttl 3s"
