@@ -148,3 +148,70 @@ async fn the_readme_acl_is_all_the_service_needs() {
     }
     server.stop().await;
 }
+
+/// A Redis that cannot run the decision script is said plainly (issue 45 item 2): not ready,
+/// the body naming the cause and what to do, whether scripting is missing (a Valkey without its
+/// Lua module answers as one whose EVAL and EVALSHA are unknown: renamed away here) or the ACL
+/// refuses the script commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_run_the_scripts_is_not_ready_and_says_why() {
+    async fn readiness_of(redis: &RedisServer, user: Option<&str>) -> String {
+        let url = redis.url();
+        let user = user.map(str::to_owned);
+        let server = TestServer::start_with(&[("acl.yaml", RULES)], move |s| {
+            s.store = StoreKind::Redis;
+            s.redis_url = Some(url);
+            if let Some(user) = user {
+                s.redis_user = Some(user);
+                s.redis_password = Some(Secret("s3cret".into()));
+            }
+            s.store_timeout = Duration::from_secs(2);
+        })
+        .await;
+        let admin = server.running.as_ref().unwrap().admin_addr.port();
+        let started = std::time::Instant::now();
+        let body = loop {
+            let (status, body) = http(admin, "GET", "/readyz", "").await;
+            if status == 503 && body.contains("permanent") {
+                break body;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "still {status}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        server.stop().await;
+        body
+    }
+    let no_scripting = RedisServer::start_with(&[
+        "--rename-command",
+        "EVALSHA",
+        "",
+        "--rename-command",
+        "EVAL",
+        "",
+        "--rename-command",
+        "SCRIPT",
+        "",
+    ]);
+    let body = readiness_of(&no_scripting, None).await;
+    assert!(
+        body.contains("cannot run Lua scripts") && body.contains("scripting"),
+        "{body}"
+    );
+    let redis = RedisServer::start();
+    // The guide's ACL without the script commands.
+    let mut args = vec!["ACL", "SETUSER", "portcullis"];
+    let acl: Vec<String> = readme_acl()
+        .into_iter()
+        .filter(|a| !matches!(a.as_str(), "+evalsha" | "+eval" | "+script|load"))
+        .collect();
+    args.extend(acl.iter().map(String::as_str));
+    assert_eq!(cli(redis.port, &args), "OK");
+    let body = readiness_of(&redis, Some("portcullis")).await;
+    assert!(
+        body.contains("lacks a permission") && body.contains("EVALSHA"),
+        "{body}"
+    );
+}

@@ -41,6 +41,17 @@ pub fn classify(error: &RedisError) -> StoreError {
         _ if code == "OOM" => StoreError::Unavailable(format!(
             "Redis is out of memory (maxmemory reached, no key can be evicted): {text}"
         )),
+        _ if text.contains("unknown command")
+            && ["'evalsha'", "'eval'", "'script'"]
+                .iter()
+                .any(|c| text.to_ascii_lowercase().contains(c)) =>
+        {
+            StoreError::Permanent(format!(
+                "this Redis cannot run Lua scripts, and Portcullis decides in them: scripting \
+                 is off (a Valkey built or configured without its Lua module, or EVAL and \
+                 EVALSHA renamed); use a server with scripting: {text}"
+            ))
+        }
         _ if text.contains("unknown command") => StoreError::Permanent(format!(
             "this Redis does not know a command Portcullis needs (too old, or the command is \
              renamed): {text}"

@@ -395,21 +395,15 @@ impl Store for RedisStore {
         Box::pin(async move {
             let budget = deadline.saturating_duration_since(Instant::now());
             let pinged = match &self.backend {
+                // Not PING: the decision script run with no call, so that a Redis that answers
+                // but cannot run it (no scripting, an ACL without EVALSHA) is not ready.
                 Backend::Pool(set) => {
                     let mut conn = set.get_or_wait(deadline).await?.conn.clone();
-                    tokio::time::timeout_at(
-                        deadline,
-                        redis::cmd("PING").query_async::<()>(&mut conn),
-                    )
-                    .await
+                    tokio::time::timeout_at(deadline, send::run_empty(&mut conn)).await
                 }
                 Backend::Cluster(cluster) => {
                     let mut conn = cluster.clone();
-                    tokio::time::timeout_at(
-                        deadline,
-                        redis::cmd("PING").query_async::<()>(&mut conn),
-                    )
-                    .await
+                    tokio::time::timeout_at(deadline, send::run_empty(&mut conn)).await
                 }
             };
             match pinged {
