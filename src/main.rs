@@ -70,6 +70,7 @@ fn main() -> ExitCode {
             config,
             domain,
             entries,
+            limit,
             merge_domain_config,
             scaling_file,
             decisions,
@@ -80,6 +81,7 @@ fn main() -> ExitCode {
             let call = Call {
                 domain,
                 descriptor: entries,
+                limit,
                 ..Call::default()
             };
             exit(commands::explain(

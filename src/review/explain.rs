@@ -171,6 +171,10 @@ pub fn render(e: &Explanation, call: &Call, snapshot: &Snapshot, scaling: &Scali
             step.value
         );
     }
+    if e.has_override() {
+        render_override(&mut out, e);
+        return out;
+    }
     match &e.matched {
         Some(rule) => {
             let _ = writeln!(out, "rule: {}", rule.describe());
@@ -210,6 +214,34 @@ pub fn render(e: &Explanation, call: &Call, snapshot: &Snapshot, scaling: &Scali
         },
     }
     out
+}
+
+/// A limit the request carries (Envoy's override): it replaces any rule the entries meet, counts
+/// on a key of its own (its count in the key: overrides count apart), in the algorithm
+/// `--override-algorithm` says, and is named in the metrics by the descriptor's keys only.
+fn render_override(out: &mut String, e: &Explanation) {
+    let Some(rule) = e.rule() else { return };
+    match &e.matched {
+        Some(matched) => {
+            let _ = writeln!(
+                out,
+                "rule: {} (replaced by the request's limit)",
+                matched.describe()
+            );
+        }
+        None => {
+            let _ = writeln!(out, "rule: none at this depth");
+        }
+    }
+    let _ = writeln!(out, "limit carried by the request: {}", rule.describe());
+    if let Some(check) = &e.planned.check {
+        let _ = writeln!(
+            out,
+            "counted apart from the rule and from other limits: key {}",
+            check.key
+        );
+    }
+    let _ = writeln!(out, "metrics: counted as {:?}", rule.full_key);
 }
 
 /// What the scaling in force makes of the rule's limits, read from the plan that serves.

@@ -49,6 +49,10 @@ pub enum Command {
         /// The descriptor's entries in order, as key=value (key= for an empty value).
         #[arg(required = true, value_parser = parse_entry)]
         entries: Vec<(String, String)>,
+        /// A limit the descriptor carries itself, as 5/minute (Envoy's override: a route's
+        /// `rate_limits[].limit`, or the ratelimit filter's own): what replaces the rule.
+        #[arg(long, value_parser = crate::review::values::parse_rate)]
+        limit: Option<(u32, crate::rules::Unit)>,
         /// Merge a domain defined in several files (as `serve --merge-domain-config`).
         #[arg(long, env = "PORTCULLIS_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,

@@ -15,6 +15,7 @@ mod connection_age;
 mod drain;
 mod failures;
 mod one_budget;
+mod overrides;
 mod retry_after;
 mod rlqs;
 mod rlqs_burst;

@@ -98,3 +98,59 @@ fn explain_shows_what_the_scaling_file_makes_of_a_limit() {
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("scaling: ×0.25: 25 per hour"), "{out}");
 }
+
+/// A limit the request carries (Envoy's override, `--limit`): it replaces the rule the entries
+/// meet, counts on a key of its own (its count in the key), in a fixed window unless
+/// `--override-algorithm` says otherwise, and is named in the metrics by the keys only.
+#[test]
+fn explain_shows_a_limit_the_request_carries() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rules");
+    let config = examples.to_str().unwrap();
+    let args = [
+        "explain",
+        "--config",
+        config,
+        "--domain",
+        "edge",
+        "--limit",
+        "3/minute",
+        "api_key=abc",
+        "path=/api/orders/42",
+    ];
+    let (code, out) = portcullis(&args);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(
+            "rule: edge.api_key.path_/api/orders/*: 20 per second, fixed_window (replaced by the request's limit)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("limit carried by the request: edge.api_key.path: 3 per minute, fixed_window"),
+        "{out}"
+    );
+    assert!(
+        out.contains("key {edge|api_key=abc|path=/api/orders/42}:fw:60000000us:o3"),
+        "{out}"
+    );
+    assert!(
+        out.contains("metrics: counted as \"edge.api_key.path\""),
+        "{out}"
+    );
+    let mut sliding = args.to_vec();
+    sliding.extend(["--override-algorithm", "sliding-window"]);
+    let (_, out) = portcullis(&sliding);
+    assert!(out.contains("3 per minute, sliding_window"), "{out}");
+    let (code, out) = portcullis(&[
+        "explain",
+        "--config",
+        config,
+        "--domain",
+        "edge",
+        "--limit",
+        "3/fortnight",
+        "k=v",
+    ]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("is not a limit like 5/minute"), "{out}");
+}
