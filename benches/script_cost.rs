@@ -5,6 +5,8 @@
 //! cost of one more check, the rest the cost of a script call. No generator, service or second
 //! process shares the figure (the load benchmark measures the whole path).
 //!
+//! Then the cold path: script calls of 10 calls, each on a key never named before.
+//!
 //!   cargo bench --bench script_cost        full run: 20,000 script calls per row
 //!   cargo test --benches                   a short smoke run (200)
 
@@ -84,6 +86,64 @@ async fn row(
     (after.1 - before.1) / (after.0 - before.0).max(1.0)
 }
 
+/// µs of Redis per decision on the cold path: script calls of `calls` calls, each one check of
+/// `algorithm` on a key no call has named before (a rule keyed by user: almost every call meets a
+/// new counter), `rounds` script calls in all.
+async fn cold_row(
+    conn: &mut redis::aio::MultiplexedConnection,
+    port: u16,
+    algorithm: Algorithm,
+    calls: usize,
+    rounds: usize,
+) -> f64 {
+    let limit = Limit {
+        algorithm,
+        requests: 100,
+        window_us: 60_000_000,
+        burst: 100,
+    };
+    let mut next = 0u64;
+    let mut command = || {
+        let mut keys = Vec::new();
+        let mut args = vec![calls as i64, 0];
+        for _ in 0..calls {
+            next += 1;
+            let check = Check {
+                key: key::counter_key(
+                    "cold",
+                    [("user", format!("{algorithm:?}-{next}").as_str())],
+                    &limit,
+                    None,
+                ),
+                limit,
+                hits: 1,
+                refund: false,
+                post_paid: false,
+            };
+            keys.push(check.key.clone());
+            let mode = script::mode_arg(ChargeMode::EachAlone);
+            script::push_call(&[&check], ScriptClock::RedisTime, 0, mode, &mut args);
+        }
+        let packed = script::pack(&keys, &args, false).expect("arguments match the keys");
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script::SHA.as_str())
+            .arg(packed.keys.len())
+            .arg(&packed.keys)
+            .arg(&packed.numbers);
+        cmd
+    };
+    let before = evalsha_stats(port);
+    for _ in 0..rounds.div_ceil(50) {
+        let mut pipe = redis::pipe();
+        for _ in 0..50 {
+            pipe.add_command(command()).ignore();
+        }
+        let () = pipe.query_async(conn).await.expect("the script runs");
+    }
+    let after = evalsha_stats(port);
+    (after.1 - before.1) / (after.0 - before.0).max(1.0) / calls as f64
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let rounds = if full { 20_000 } else { 200 };
@@ -117,6 +177,17 @@ fn main() {
                 us[2],
                 (us[2] - us[1]) / 56.0
             );
+        }
+        println!();
+        println!("| algorithm | cold path: µs per decision, script calls of 10 new keys |");
+        println!("|---|---|");
+        for algorithm in [
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+        ] {
+            let us = cold_row(&mut conn, redis.port, algorithm, 10, rounds / 4).await;
+            println!("| {algorithm:?} | {us:.2} |");
         }
     });
 }

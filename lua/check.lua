@@ -104,7 +104,7 @@ local function flush(key, h)
   end
 end
 
-local function release(key)
+local function write_back(key)
   local h = held[key]
   if h ~= nil then
     flush(key, h)
@@ -113,7 +113,7 @@ local function release(key)
 end
 
 local function flush_all()
-  for i = 1, #held_keys do release(held_keys[i]) end
+  for i = 1, #held_keys do write_back(held_keys[i]) end
 end
 
 local function state(key, op, now, p, prefer_hash)
@@ -209,7 +209,7 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   local prefer_hash = op == 5 or op == 15 or op == 25
   if prefer_hash then op = op - 4 end
   if op == 11 or op == 12 or op == 13 or op == 16 then
-    release(key)
+    write_back(key)
     if op == 11 then return sliding_refund(key, now, unit, n3, commit, prefer_hash) end
     if op == 12 then return bucket_refund(key, now, unit, n2, n3, commit) end
     if op == 16 then return concurrency_refund(key, now, n3, commit) end

@@ -11,7 +11,7 @@
 -- its claim_rate already holds the reservation).
 -- ARGV: per key capacity, gateway, demand, ttl_us, kind (0 a report; 1 RLS calls' demand,
 -- recorded with no grant, as algorithm::share::record_demand; 2 its stream ended: its share
--- freed, its claim kept to its grant's end, as algorithm::share::release), charged (1: the gateway's admissions up to now are in
+-- freed, its claim kept to its grant's end, as algorithm::share::stream_ended), charged (1: the gateway's admissions up to now are in
 -- the rule's counters, its claim starts again), the rule's longest window (us), what its
 -- windows have left (algorithm::share::Room: per window "operation:window:remaining:span",
 -- joined by ';'); then the clock (0: Redis TIME; a fixed reading in us only in tests), then the
@@ -173,7 +173,7 @@ for k, key in ipairs(KEYS) do
   end
   local per_fill, every, short = 0, 0, 0
   if kind == '2' then
-    -- algorithm::share::release: its share free now (no demand, no grant), its claim kept
+    -- algorithm::share::stream_ended: its share free now (no demand, no grant), its claim kept
     -- until its last assignment ends (Envoy admits on it until then) and a window after.
     if mine ~= nil then
       -- A reservation was never granted: nothing was admitted on it.

@@ -44,7 +44,7 @@ fn run_sliding(
         let g = usize::from(who) % gateways;
         if what % 5 == 4 {
             end_stream(&mut gw[g], &mut ended);
-            shares.release(g, now);
+            shares.stream_ended(g, now);
             continue;
         }
         match what % 5 {

@@ -272,10 +272,10 @@ impl Shares {
         g as u64 + 1 + 1000 * self.streams.get(&g).copied().unwrap_or(0)
     }
 
-    /// Gateway `g`'s stream ended at `now` (`share::release`); its next is a new holder.
-    pub(super) fn release(&mut self, g: usize, now: u64) {
+    /// Gateway `g`'s stream ended at `now` (`share::stream_ended`); its next is a new holder.
+    pub(super) fn stream_ended(&mut self, g: usize, now: u64) {
         let holder = self.holder(g);
-        share::release(&mut self.holders, holder, now);
+        share::stream_ended(&mut self.holders, holder, now);
         *self.streams.entry(g).or_default() += 1;
     }
 }
@@ -292,7 +292,7 @@ pub(super) fn held_by_others(gw: &[Gateway], me: usize, now: u64) -> f64 {
 /// Gateway `gate`'s stream ends at `now` (a drain, a closed connection, a maximum connection
 /// age): Envoy keeps its bucket and admits on its last assignment until that ends, so its claim
 /// stays until then and a window after, for what it admitted and never reported
-/// (`share::release`); its next report is a new stream's first (nothing charged).
+/// (`share::stream_ended`); its next report is a new stream's first (nothing charged).
 pub(super) fn end_stream(gate: &mut Gateway, ended: &mut Vec<Claim>) {
     ended.push(gate.claim);
     gate.moved = true;
@@ -440,10 +440,10 @@ fn run_shared(
         let win = now / w;
         let g = usize::from(who) % gateways;
         if what % 5 == 4 {
-            // Its claim stays in the holders (`share::release`); the model's own list is not
+            // Its claim stays in the holders (`share::stream_ended`); the model's own list is not
             // read.
             end_stream(&mut gw[g], &mut ended);
-            shares.release(g, now);
+            shares.stream_ended(g, now);
             continue;
         }
         match what % 5 {

@@ -40,7 +40,7 @@ pub struct LeaseState {
 
 /// What the answer is made of, whichever store holds the leases (the Redis script replies these).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Held {
+pub struct Leases {
     pub count: u64,
     /// The earliest and latest lease ends (0 when nothing is held).
     pub first_end_us: u64,
@@ -54,8 +54,8 @@ impl LeaseState {
         self.ends_us.drain(..ended);
     }
 
-    pub fn held(&self) -> Held {
-        Held {
+    pub fn leases(&self) -> Leases {
+        Leases {
             count: self.ends_us.len() as u64,
             first_end_us: self.ends_us.first().copied().unwrap_or(0),
             last_end_us: self.ends_us.last().copied().unwrap_or(0),
@@ -74,7 +74,7 @@ pub fn check(state: &mut LeaseState, now_us: u64, limit: &Limit, hits: u64) -> O
             .ends_us
             .extend(std::iter::repeat_n(end, hits as usize));
     }
-    summarize(&state.held(), now_us, limit, hits, allowed)
+    summarize(&state.leases(), now_us, limit, hits, allowed)
 }
 
 /// A new take's end: its lease from now, on a whole millisecond, and at least a millisecond after
@@ -97,23 +97,23 @@ pub fn refund(state: &mut LeaseState, now_us: u64, limit: &Limit, hits: u64) -> 
         let released = (hits as usize).min(state.ends_us.len());
         state.ends_us.drain(..released);
     }
-    summarize(&state.held(), now_us, limit, 0, true)
+    summarize(&state.leases(), now_us, limit, 0, true)
 }
 
 /// What Envoy is told: `limit` the slots, `remaining` the slots free now, `reset_after` when
 /// every slot held is free at the latest (their leases all ended), `retry_after` (refused) when
 /// one is free at the latest; a release may free one sooner. `lease` (a take that passed) names
 /// the leases it took: they end last.
-pub fn summarize(held: &Held, now_us: u64, limit: &Limit, hits: u64, allowed: bool) -> Outcome {
+pub fn summarize(leases: &Leases, now_us: u64, limit: &Limit, hits: u64, allowed: bool) -> Outcome {
     let slots = limit.requests.min(MAX_SLOTS);
     let until = |end: u64| end.saturating_sub(now_us);
     let retry_after = (!allowed && hits <= slots).then(|| {
         // The leases that must end before `hits` fit.
-        let must_end = (held.count + hits).saturating_sub(slots);
-        let wait = if must_end >= held.count {
-            until(held.last_end_us)
+        let must_end = (leases.count + hits).saturating_sub(slots);
+        let wait = if must_end >= leases.count {
+            until(leases.last_end_us)
         } else {
-            until(held.first_end_us)
+            until(leases.first_end_us)
         };
         us(wait.max(1))
     });
@@ -121,14 +121,15 @@ pub fn summarize(held: &Held, now_us: u64, limit: &Limit, hits: u64, allowed: bo
         decision: Decision {
             allowed,
             limit: slots,
-            remaining: slots.saturating_sub(held.count),
-            reset_after: us(until(held.last_end_us)),
+            remaining: slots.saturating_sub(leases.count),
+            reset_after: us(until(leases.last_end_us)),
             retry_after,
             by_failure_mode: false,
-            lease: (allowed && hits > 0 && held.count > 0).then(|| lease_token(held.last_end_us)),
+            lease: (allowed && hits > 0 && leases.count > 0)
+                .then(|| lease_token(leases.last_end_us)),
         },
-        keep_for_us: if held.count > 0 {
-            until(held.last_end_us)
+        keep_for_us: if leases.count > 0 {
+            until(leases.last_end_us)
         } else {
             0
         },

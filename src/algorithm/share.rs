@@ -383,7 +383,7 @@ pub fn record_demand(
 /// admits on it until its time to live (a stream's end releasing the claim at once let RLS
 /// spend the gateway's part while the gateway still admitted it). The gateway's next report on
 /// the same holder (a gateway that names itself) takes the claim over.
-pub fn release(holders: &mut Vec<Holder>, gateway: u64, now_us: u64) {
+pub fn stream_ended(holders: &mut Vec<Holder>, gateway: u64, now_us: u64) {
     holders.retain_mut(|h| {
         if h.gateway != gateway || h.rls {
             return true;

@@ -319,7 +319,7 @@ fn a_gateway_that_finds_the_window_spent_reserves_its_part_and_gets_it_a_window_
     super::report(&mut holders, &ask(3), 10 * S);
     let me = holders.iter().find(|h| !h.rls).copied().unwrap();
     assert_eq!((me.granted_rate, me.claim_rate), (3.0, 5.0));
-    release(&mut holders, 1, 10 * S + 1);
+    stream_ended(&mut holders, 1, 10 * S + 1);
     let me = holders.iter().find(|h| !h.rls).copied().unwrap();
     assert_eq!(me.claim_rate, 3.0);
 }

@@ -43,7 +43,7 @@ pub struct Limiter {
     /// An outage at thousands of calls per second logs once a second, not once a call.
     failure_log: LogThrottle,
     deny_cache: Option<DenyCache>,
-    /// Where refusals the deny cache answers on held descriptors count as RLS demand.
+    /// Where refusals the deny cache answers on claimed descriptors count as RLS demand.
     tally: Option<Arc<RlsTally>>,
 }
 
@@ -78,7 +78,7 @@ impl Limiter {
         }
     }
 
-    /// Tallies the refusals its deny cache answers on held descriptors as RLS demand (the
+    /// Tallies the refusals its deny cache answers on claimed descriptors as RLS demand (the
     /// store tallies the rest: `RlsTally`).
     pub fn with_tally(mut self, tally: Option<Arc<RlsTally>>) -> Self {
         self.tally = tally;

@@ -23,7 +23,7 @@ pub(super) struct Quota {
     /// Under `--failure-mode local` on Redis: this replica's own grants while Redis is away
     /// (RLS, counting locally then too, counts their claims).
     pub fallback: Option<Arc<MemoryQuota>>,
-    /// The RLS hits the stores tallied on held descriptors (`demand::spawn`); `None` in the Go
+    /// The RLS hits the stores tallied on claimed descriptors (`demand::spawn`); `None` in the Go
     /// drop-in mode without RLQS.
     pub tally: Option<Arc<RlsTally>>,
 }

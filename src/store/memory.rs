@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::{Answers, FactorsFuture, PingFuture, SharedFactors, Store, StoreError, StoreFuture};
 use crate::algorithm::{self, ChargeMode, Check, Decision, State};
 use crate::clock::Clock;
-use crate::store::quota::{Held, MemoryClaims};
+use crate::store::quota::{Claimed, MemoryClaims};
 
 const SHARDS: usize = 64;
 
@@ -100,26 +100,26 @@ impl MemoryStore {
     /// exact clock readings.
     pub fn check_at(&self, check: &Check, now_us: u64) -> Result<Decision, StoreError> {
         let mut shard = self.lock(self.shard_index(&check.key));
-        self.run_in(&mut shard, check, now_us, true, Held::default())
+        self.run_in(&mut shard, check, now_us, true, Claimed::default())
     }
 
     /// Runs a call's checks at `now_us` as `mode` says. All or nothing holds every shard the call
     /// touches, locked in index order (so two calls never wait on each other in a circle), while
     /// it looks and then charges: no other call sees a half-charged call.
     pub fn check_all_at(&self, checks: &[Check], now_us: u64, mode: ChargeMode) -> Answers {
-        self.check_all_held(checks, &[], now_us, mode)
+        self.check_all_claimed(checks, &[], now_us, mode)
     }
 
-    /// `check_all_at` with what RLQS grants hold of each check's counter (`held[i]`; none past
+    /// `check_all_at` with what RLQS grants claim of each check's counter (`claimed[i]`; none past
     /// its end).
-    fn check_all_held(
+    fn check_all_claimed(
         &self,
         checks: &[Check],
-        held: &[Held],
+        claimed: &[Claimed],
         now_us: u64,
         mode: ChargeMode,
     ) -> Answers {
-        let held_of = |i: usize| held.get(i).copied().unwrap_or_default();
+        let claimed_of = |i: usize| claimed.get(i).copied().unwrap_or_default();
         match mode {
             // Each check alone: charged (`EachAlone`) or only looked at (`Probe`).
             ChargeMode::EachAlone | ChargeMode::Probe => checks
@@ -128,7 +128,7 @@ impl MemoryStore {
                 .map(|(i, c)| {
                     let mut shard = self.lock(self.shard_index(&c.key));
                     let commit = mode == ChargeMode::EachAlone;
-                    self.run_in(&mut shard, c, now_us, commit, held_of(i))
+                    self.run_in(&mut shard, c, now_us, commit, claimed_of(i))
                 })
                 .collect(),
             ChargeMode::AllOrNothing => {
@@ -156,8 +156,13 @@ impl MemoryStore {
                         Some(state) => state.clone(),
                         None => self.state_at(&guards[position(check)], check, now_us),
                     };
-                    let outcome =
-                        algorithm::run_claimed(&mut state, now_us, check, true, held_of(i).claimed);
+                    let outcome = algorithm::run_claimed(
+                        &mut state,
+                        now_us,
+                        check,
+                        true,
+                        claimed_of(i).claimed,
+                    );
                     if (outcome.decision.allowed || check.post_paid) && check.hits > 0 {
                         copies.insert(key, state);
                     }
@@ -202,7 +207,7 @@ impl MemoryStore {
                                 check,
                                 now_us,
                                 commit,
-                                held_of(i),
+                                claimed_of(i),
                             ),
                         }
                     })
@@ -218,14 +223,15 @@ impl MemoryStore {
         check: &Check,
         now_us: u64,
         commit: bool,
-        held: Held,
+        claimed: Claimed,
     ) -> Result<Decision, StoreError> {
         let mut state = self.state_at(shard, check, now_us);
-        let mut outcome = algorithm::run_claimed(&mut state, now_us, check, commit, held.claimed);
+        let mut outcome =
+            algorithm::run_claimed(&mut state, now_us, check, commit, claimed.claimed);
         if check.limit.algorithm == algorithm::Algorithm::TokenBucket {
             // Kept while grants claim part of it: a bucket read as full before its time would
             // hand the gateways' refill to RLS (`token_bucket::check_claimed`).
-            let claimed_for = held.keep_until_us.saturating_sub(now_us);
+            let claimed_for = claimed.keep_until_us.saturating_sub(now_us);
             outcome.keep_for_us = outcome.keep_for_us.max(claimed_for);
         }
         // Only what spends or gives back changes the entry. A refusal or a call of no hits leaves
@@ -341,13 +347,13 @@ impl Store for Arc<MemoryStore> {
         mode: ChargeMode,
     ) -> StoreFuture<'a> {
         let now_us = self.clock.now_us();
-        let held = self
+        let claimed = self
             .claims
             .get()
-            .and_then(|c| c.held(checks, now_us))
+            .and_then(|c| c.claimed_by_checks(checks, now_us))
             .unwrap_or_default();
         Box::pin(std::future::ready(
-            self.check_all_held(checks, &held, now_us, mode),
+            self.check_all_claimed(checks, &claimed, now_us, mode),
         ))
     }
 

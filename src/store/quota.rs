@@ -73,8 +73,9 @@ pub enum AskKind {
     /// Demand only (RLS calls on the descriptor): recorded for the others' shares, granted
     /// nothing (`algorithm::share::record_demand`).
     Demand,
-    /// The holder taken off (its stream ended): granted nothing (`algorithm::share::release`).
-    Release,
+    /// Its stream ended: its share freed, its claim kept until its grant ends and a window after
+    /// (`algorithm::share::stream_ended`).
+    StreamEnded,
 }
 
 impl AskKind {
@@ -83,7 +84,7 @@ impl AskKind {
         match self {
             Self::Grant => 0,
             Self::Demand => 1,
-            Self::Release => 2,
+            Self::StreamEnded => 2,
         }
     }
 }
@@ -171,8 +172,8 @@ impl MemoryClaims {
     /// it); `None` when no check's is held. Refunds, a window's post-paid charges (recorded
     /// whatever the limit) and slots (not a rate) count no claim; a bucket's post-paid charge is
     /// recorded in the frame its claims are counted in.
-    pub fn held(&self, checks: &[Check], now_us: u64) -> Option<Vec<Held>> {
-        let mut held: Option<Vec<Held>> = None;
+    pub fn claimed_by_checks(&self, checks: &[Check], now_us: u64) -> Option<Vec<Claimed>> {
+        let mut held: Option<Vec<Claimed>> = None;
         for (i, check) in checks.iter().enumerate() {
             let bucket = check.limit.algorithm == crate::algorithm::Algorithm::TokenBucket;
             if check.refund
@@ -181,7 +182,7 @@ impl MemoryClaims {
             {
                 continue;
             }
-            let Some(found) = self.quota.held(&check.key, &check.limit, now_us) else {
+            let Some(found) = self.quota.claims_on(&check.key, &check.limit, now_us) else {
                 continue;
             };
             // Demand is what RLS asks at its checks; a cost recorded after the fact (a
@@ -190,7 +191,7 @@ impl MemoryClaims {
                 self.tally
                     .note(&check.key, check.hits, check.limit.per_second());
             }
-            held.get_or_insert_with(|| vec![Held::default(); checks.len()])[i] = found;
+            held.get_or_insert_with(|| vec![Claimed::default(); checks.len()])[i] = found;
         }
         held
     }
@@ -199,7 +200,7 @@ impl MemoryClaims {
 /// What RLQS grants hold of one counter at a check: the requests they claim of its window or
 /// bucket, and until when the last of them is kept (a bucket's state is kept as long).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Held {
+pub struct Claimed {
     pub claimed: u64,
     pub keep_until_us: u64,
 }
@@ -261,9 +262,9 @@ impl MemoryQuota {
         ask: &Ask,
         now: u64,
     ) -> Result<Option<Tokens>, StoreError> {
-        if ask.kind == AskKind::Release {
+        if ask.kind == AskKind::StreamEnded {
             if let Some(holders) = table.get_mut(&ask.key) {
-                share::release(holders, ask.gateway, now);
+                share::stream_ended(holders, ask.gateway, now);
                 if holders.is_empty() {
                     table.remove(&ask.key);
                 }
@@ -326,11 +327,12 @@ impl MemoryQuota {
     /// What gateways claim of `limit`'s window on `counter_key`'s descriptor at `now_us`, in
     /// whole requests (`algorithm::claims`); `None` when no gateway holds any of it.
     pub fn claimed(&self, counter_key: &str, limit: &Limit, now_us: u64) -> Option<u64> {
-        self.held(counter_key, limit, now_us).map(|h| h.claimed)
+        self.claims_on(counter_key, limit, now_us)
+            .map(|h| h.claimed)
     }
 
     /// `claimed`, with until when the last claiming holder is kept.
-    pub fn held(&self, counter_key: &str, limit: &Limit, now_us: u64) -> Option<Held> {
+    pub fn claims_on(&self, counter_key: &str, limit: &Limit, now_us: u64) -> Option<Claimed> {
         if self.keys.load(Ordering::Relaxed) == 0 {
             return None;
         }
@@ -346,7 +348,7 @@ impl MemoryQuota {
                 Some(claim)
             })
             .collect();
-        (!held.is_empty()).then(|| Held {
+        (!held.is_empty()).then(|| Claimed {
             claimed: claims::claimed(&held, limit, now_us),
             keep_until_us,
         })

@@ -86,7 +86,7 @@ async fn a_grant_claims_its_span_in_each_window_until_charged_and_after_its_end(
     // back to RLS while the gateway still admitted there.)
     clock.advance_us(1_000_000);
     let release = Ask {
-        kind: AskKind::Release,
+        kind: AskKind::StreamEnded,
         ..ask("{edge|tenant=a}", 1, 0.0)
     };
     quota.grant(&[release], far).await;

@@ -56,7 +56,7 @@ async fn grants_match_the_model(
                 // RLS demand, a stream's end, or a report.
                 let kind = match rng.random_range(0..20) {
                     0..3 => AskKind::Demand,
-                    3..5 => AskKind::Release,
+                    3..5 => AskKind::StreamEnded,
                     _ => AskKind::Grant,
                 };
                 let demand_only = kind == AskKind::Demand;

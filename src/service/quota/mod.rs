@@ -200,7 +200,7 @@ impl RateLimitQuotaService for QuotaService {
             // for the gateway's next stream, on any replica, at its first report. A gateway
             // that names itself keeps its holds: its next stream is the same holder.
             if identity.is_none() {
-                inner.release(gateway, &state).await;
+                inner.stream_ended(gateway, &state).await;
             }
             if let Some(status) = ending {
                 let _ = tx.send(Err(status)).await;
@@ -257,7 +257,7 @@ impl StreamState {
 impl Inner {
     /// Takes the stream's holders off every descriptor it held (bounded by the store timeout;
     /// a failure leaves them to end with their grants, logged and counted).
-    async fn release(&self, gateway: u64, state: &StreamState) {
+    async fn stream_ended(&self, gateway: u64, state: &StreamState) {
         if state.asks.is_empty() {
             return;
         }
@@ -270,7 +270,7 @@ impl Inner {
                 gateway,
                 demand: 0.0,
                 ttl_us: 0,
-                kind: AskKind::Release,
+                kind: AskKind::StreamEnded,
                 charged: false,
                 window_us: 0,
                 shortest_us: 0,

@@ -83,7 +83,7 @@ impl RedisStore {
 
     /// `check`'s decision from its numbers; `counted`: the call counted the claims, so a charge
     /// that counts them (`script::counts_claims`) has one more number, what they claimed (its
-    /// limit less that is what it was decided on), and its hits on a held descriptor are
+    /// limit less that is what it was decided on), and its hits on a claimed descriptor are
     /// tallied as RLS demand.
     pub(super) fn decide(
         &self,
@@ -123,7 +123,7 @@ impl RedisStore {
         script::decision(&check, &reply, charged)
     }
 
-    /// Its RLS charges tally their hits on held descriptors in `tally`, and count the RLQS
+    /// Its RLS charges tally their hits on claimed descriptors in `tally`, and count the RLQS
     /// grants' claims: always when `serves` (this replica serves RLQS), else as `set_in_use`
     /// says (and until it first has).
     pub fn count_claims(&self, tally: Arc<RlsTally>, serves: bool) {

@@ -61,7 +61,7 @@ pub struct RedisStore {
     metrics: Arc<Metrics>,
     quota_log: Arc<crate::telemetry::LogThrottle>,
     /// Set but in the Go drop-in mode without RLQS: its RLS charges count the grants' claims (read by the script from
-    /// the holder table in the counters' slot), and their hits on held descriptors are
+    /// the holder table in the counters' slot), and their hits on claimed descriptors are
     /// tallied here as RLS demand.
     claims: Arc<claims::ClaimsSwitch>,
 }

@@ -5,7 +5,7 @@
 
 use redis::Value;
 
-use crate::algorithm::concurrency::{self, Held};
+use crate::algorithm::concurrency::{self, Leases};
 use crate::algorithm::fixed_window::{self, FixedState};
 use crate::algorithm::sliding_window::{self, SlidingState};
 use crate::algorithm::token_bucket::{self, BucketState};
@@ -201,12 +201,12 @@ pub fn decision(check: &Check, numbers: &[u64], charged: bool) -> Result<Decisio
                     "concurrency reply needs held, first and last end, took",
                 ));
             };
-            let held = Held {
+            let leases = Leases {
                 count: *count,
                 first_end_us: *first_end_us,
                 last_end_us: *last_end_us,
             };
-            let mut outcome = concurrency::summarize(&held, now_us, limit, hits, allowed);
+            let mut outcome = concurrency::summarize(&leases, now_us, limit, hits, allowed);
             // A take the script did not commit (an all-or-nothing call refused) names no lease.
             if *took != 1 {
                 outcome.decision.lease = None;
