@@ -282,15 +282,15 @@ impl Inner {
             // What it was granted from this replica's memory while the store was away.
             let _ = fallback.grant(&asks, deadline).await;
         }
-        let released = tokio::time::timeout_at(deadline, self.quota.grant(&asks, deadline)).await;
-        let error = match released {
+        let ended = tokio::time::timeout_at(deadline, self.quota.grant(&asks, deadline)).await;
+        let error = match ended {
             Ok(answers) => answers.into_iter().find_map(Result::err),
             Err(_) => Some(crate::store::StoreError::Timeout(self.config.store_timeout)),
         };
         if let Some(error) = error {
             self.metrics.quota.store_errors.inc();
             if let Some(skipped) = self.log.allow() {
-                tracing::warn!(gateway, %error, similar_not_logged = skipped, "RLQS stream ended; its holds could not be released and end with their grants");
+                tracing::warn!(gateway, %error, similar_not_logged = skipped, "RLQS stream ended; the store could not be told (its holds' shares are freed when their grants end)");
             }
         }
     }
