@@ -206,3 +206,41 @@ async fn a_call_that_reaches_redis_after_its_deadline_is_not_charged() {
         "charged after its deadline"
     );
 }
+
+/// A master that refuses writes for want of replicas (`min-replicas-to-write`: NOREPLICAS, every
+/// script call refused, reads included) is unavailable, not a protocol fault: the failure mode
+/// answers, as for a Redis that is down, and the error says what it means (issue 45 item 3).
+#[tokio::test]
+async fn noreplicas_is_an_outage_that_says_what_it_means() {
+    let redis = RedisServer::start_with(&["--min-replicas-to-write", "1"]);
+    let config = plain_config(Topology::Standalone(redis.url()), 1);
+    let store = RedisStore::new(&config, "nr:", Default::default()).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let answers = store
+        .check_with_clock(
+            &[check_of("u", hourly(5))],
+            ScriptClock::RedisTime,
+            deadline,
+            ChargeMode::EachAlone,
+        )
+        .await;
+    match &answers[0] {
+        Err(StoreError::Unavailable(text)) => assert!(
+            text.contains("NOREPLICAS") && text.contains("min-replicas-to-write"),
+            "{text}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Once the setting is lifted, decided again.
+    cli(redis.port, &["CONFIG", "SET", "min-replicas-to-write", "0"]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let answers = store
+        .check_with_clock(
+            &[check_of("u", hourly(5))],
+            ScriptClock::RedisTime,
+            deadline,
+            ChargeMode::EachAlone,
+        )
+        .await;
+    assert!(answers[0].as_ref().is_ok_and(|d| d.allowed), "{answers:?}");
+}

@@ -38,6 +38,10 @@ pub fn classify(error: &RedisError) -> StoreError {
             StoreError::Permanent(format!("authentication failed: {text}"))
         }
         _ if code == "NOPERM" => StoreError::Permanent(format!("permission denied: {text}")),
+        _ if code == "NOREPLICAS" => StoreError::Unavailable(format!(
+            "fewer replicas answer this master than its min-replicas-to-write asks, so it \
+             refuses every script call (answered by the failure mode until they are back): {text}"
+        )),
         _ if code == "OOM" => StoreError::Unavailable(format!(
             "Redis is out of memory (maxmemory reached, no key can be evicted): {text}"
         )),

@@ -115,6 +115,10 @@ pub fn key_error(text: &str) -> StoreError {
             "the call reached Redis after its deadline (answered by the failure mode), so it \
              was not run: {text}"
         )),
+        "NOREPLICAS" => StoreError::Unavailable(format!(
+            "fewer replicas answer this master than its min-replicas-to-write asks, so it \
+             refuses every script call (answered by the failure mode until they are back): {text}"
+        )),
         "MASTERDOWN" | "LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" => {
             StoreError::Unavailable(text.to_owned())
         }
