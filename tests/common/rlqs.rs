@@ -70,11 +70,22 @@ impl Gateway {
         Gateway { tx, rx }
     }
 
-    /// Sends one report and waits (bounded) for the answer.
+    /// Sends one report and waits (bounded: 5 s) for the answer.
     pub async fn report(
         &mut self,
         domain: &str,
         usages: &[Usage<'_>],
+    ) -> Result<Vec<BucketAction>, tonic::Status> {
+        self.report_within(domain, usages, Duration::from_secs(5))
+            .await
+    }
+
+    /// `report`, waiting up to `within` for the answer (a test whose server may take longer).
+    pub async fn report_within(
+        &mut self,
+        domain: &str,
+        usages: &[Usage<'_>],
+        within: Duration,
     ) -> Result<Vec<BucketAction>, tonic::Status> {
         let report = RateLimitQuotaUsageReports {
             domain: domain.into(),
@@ -91,20 +102,28 @@ impl Gateway {
                 })
                 .collect(),
         };
-        self.send(report).await
+        self.send_within(report, within).await
     }
 
-    /// Sends `report` as it is and waits (bounded) for the answer.
+    /// Sends `report` as it is and waits (bounded: 5 s) for the answer.
     pub async fn send(
         &mut self,
         report: RateLimitQuotaUsageReports,
     ) -> Result<Vec<BucketAction>, tonic::Status> {
+        self.send_within(report, Duration::from_secs(5)).await
+    }
+
+    async fn send_within(
+        &mut self,
+        report: RateLimitQuotaUsageReports,
+        within: Duration,
+    ) -> Result<Vec<BucketAction>, tonic::Status> {
         self.tx.send(report).await.expect("stream open");
-        match tokio::time::timeout(Duration::from_secs(5), self.rx.message()).await {
+        match tokio::time::timeout(within, self.rx.message()).await {
             Ok(Ok(Some(response))) => Ok(response.bucket_action),
             Ok(Ok(None)) => Err(tonic::Status::cancelled("stream ended")),
             Ok(Err(status)) => Err(status),
-            Err(_) => panic!("no answer within 5 s"),
+            Err(_) => panic!("no answer within {within:?}"),
         }
     }
 }
