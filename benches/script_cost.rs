@@ -31,6 +31,25 @@ fn evalsha_stats(port: u16) -> (f64, f64) {
     (field("calls="), field("usec="))
 }
 
+/// One EVALSHA of the decision script deciding `checks`, each a call of its own (as a batch sends
+/// them).
+fn script_call(checks: &[Check]) -> redis::Cmd {
+    let mut keys = Vec::new();
+    let mut args = vec![checks.len() as i64, 0];
+    for check in checks {
+        keys.push(check.key.clone());
+        let mode = script::mode_arg(ChargeMode::EachAlone);
+        script::push_call(&[check], ScriptClock::RedisTime, 0, mode, &mut args);
+    }
+    let packed = script::pack(&keys, &args, false).expect("arguments match the keys");
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script::SHA.as_str())
+        .arg(packed.keys.len())
+        .arg(&packed.keys)
+        .arg(&packed.numbers);
+    cmd
+}
+
 /// µs of Redis per script call of `calls` calls, each one check of `algorithm` on one key.
 async fn row(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -52,19 +71,7 @@ async fn row(
         refund: false,
         post_paid: false,
     };
-    let mut keys = Vec::new();
-    let mut args = vec![calls as i64, 0];
-    for _ in 0..calls {
-        keys.push(check.key.clone());
-        let mode = script::mode_arg(ChargeMode::EachAlone);
-        script::push_call(&[&check], ScriptClock::RedisTime, 0, mode, &mut args);
-    }
-    let packed = script::pack(&keys, &args, false).expect("arguments match the keys");
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script::SHA.as_str())
-        .arg(packed.keys.len())
-        .arg(&packed.keys)
-        .arg(&packed.numbers);
+    let cmd = script_call(&vec![check; calls]);
     let reply: redis::Value = cmd.query_async(conn).await.expect("the script runs");
     let decided = script::parse_reply(&reply).expect("a reply");
     assert_eq!(decided.len(), calls);
@@ -104,33 +111,24 @@ async fn cold_row(
     };
     let mut next = 0u64;
     let mut command = || {
-        let mut keys = Vec::new();
-        let mut args = vec![calls as i64, 0];
-        for _ in 0..calls {
-            next += 1;
-            let check = Check {
-                key: key::counter_key(
-                    "cold",
-                    [("user", format!("{algorithm:?}-{next}").as_str())],
-                    &limit,
-                    None,
-                ),
-                limit,
-                hits: 1,
-                refund: false,
-                post_paid: false,
-            };
-            keys.push(check.key.clone());
-            let mode = script::mode_arg(ChargeMode::EachAlone);
-            script::push_call(&[&check], ScriptClock::RedisTime, 0, mode, &mut args);
-        }
-        let packed = script::pack(&keys, &args, false).expect("arguments match the keys");
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script::SHA.as_str())
-            .arg(packed.keys.len())
-            .arg(&packed.keys)
-            .arg(&packed.numbers);
-        cmd
+        let checks: Vec<Check> = (0..calls)
+            .map(|_| {
+                next += 1;
+                Check {
+                    key: key::counter_key(
+                        "cold",
+                        [("user", format!("{algorithm:?}-{next}").as_str())],
+                        &limit,
+                        None,
+                    ),
+                    limit,
+                    hits: 1,
+                    refund: false,
+                    post_paid: false,
+                }
+            })
+            .collect();
+        script_call(&checks)
     };
     let before = evalsha_stats(port);
     for _ in 0..rounds.div_ceil(50) {

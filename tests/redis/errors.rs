@@ -215,16 +215,20 @@ async fn noreplicas_is_an_outage_that_says_what_it_means() {
     let redis = RedisServer::start_with(&["--min-replicas-to-write", "1"]);
     let config = plain_config(Topology::Standalone(redis.url()), 1);
     let store = RedisStore::new(&config, "nr:", Default::default()).unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let answers = store
-        .check_with_clock(
-            &[check_of("u", hourly(5))],
-            ScriptClock::RedisTime,
-            deadline,
-            ChargeMode::EachAlone,
-        )
-        .await;
-    match &answers[0] {
+    let one = || async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let checks = [check_of("u", hourly(5))];
+        store
+            .check_with_clock(
+                &checks,
+                ScriptClock::RedisTime,
+                deadline,
+                ChargeMode::EachAlone,
+            )
+            .await
+            .remove(0)
+    };
+    match one().await {
         Err(StoreError::Unavailable(text)) => assert!(
             text.contains("NOREPLICAS") && text.contains("min-replicas-to-write"),
             "{text}"
@@ -233,14 +237,6 @@ async fn noreplicas_is_an_outage_that_says_what_it_means() {
     }
     // Once the setting is lifted, decided again.
     cli(redis.port, &["CONFIG", "SET", "min-replicas-to-write", "0"]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let answers = store
-        .check_with_clock(
-            &[check_of("u", hourly(5))],
-            ScriptClock::RedisTime,
-            deadline,
-            ChargeMode::EachAlone,
-        )
-        .await;
-    assert!(answers[0].as_ref().is_ok_and(|d| d.allowed), "{answers:?}");
+    let answer = one().await;
+    assert!(answer.as_ref().is_ok_and(|d| d.allowed), "{answer:?}");
 }
