@@ -87,27 +87,13 @@ pub(super) async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
 /// run it at all. NOSCRIPT sends it with EVAL, which loads it again where a flush or a failover
 /// emptied the cache. A node without scripting (EVAL unknown: renamed, or a Valkey without its
 /// Lua module) or a user the ACL refuses it answers the error a call would meet.
-pub(super) async fn run_empty<C: redis::aio::ConnectionLike>(
+pub(super) async fn run_empty<C: redis::aio::ConnectionLike + RoutedConn>(
     conn: &mut C,
 ) -> Result<(), RedisError> {
-    // The call count and the count of carried keys, both 0 (lua/check.lua's numbers).
-    let numbers = [0u8; 16];
-    let sent = redis::cmd("EVALSHA")
-        .arg(script::SHA.as_str())
-        .arg(0)
-        .arg(&numbers[..])
-        .query_async::<Value>(conn)
-        .await;
-    match sent {
-        Err(e) if is_noscript(&e) => redis::cmd("EVAL")
-            .arg(script::SOURCE)
-            .arg(0)
-            .arg(&numbers[..])
-            .query_async::<Value>(conn)
-            .await
-            .map(drop),
-        other => other.map(drop),
-    }
+    // No keys; the call count and the count of carried keys both 0 (lua/check.lua's numbers).
+    eval(conn, &[], &[0, 0], &Route::BySlot, false)
+        .await
+        .map(drop)
 }
 
 /// Sending a command by slot, or to a named node on Cluster.
