@@ -65,16 +65,9 @@ pub fn ask(
         // is given back at once, as Envoy's release would, never held for its lease.
         let held = metadata_numbers(&response, "held");
         let leases = metadata_numbers(&response, "lease");
-        let mut seen = std::collections::BTreeMap::<String, usize>::new();
-        for descriptor in &request.descriptors {
-            let keys: Vec<&str> = descriptor.entries.iter().map(|e| e.key.as_str()).collect();
-            // Named as the service names them: a second descriptor of the same keys `keys#2`.
-            let mut name = keys.join(".");
-            let nth = seen.entry(name.clone()).or_insert(0);
-            *nth += 1;
-            if *nth > 1 {
-                name = format!("{name}#{nth}");
-            }
+        // Named as the service names them: a second descriptor of the same keys `keys#2`.
+        let names = portcullis::service::descriptor_names(&request.descriptors);
+        for (descriptor, name) in request.descriptors.iter().zip(names) {
             let slots = held.get(&name).copied().unwrap_or(0);
             let Some(&lease) = leases.get(&name).filter(|n| **n > 0 && slots > 0) else {
                 continue;

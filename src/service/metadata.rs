@@ -14,7 +14,7 @@ use prost_types::{ListValue, Struct, Value, value::Kind};
 use super::plan::Planned;
 use crate::algorithm::{Algorithm, ChargeMode};
 use crate::pb::rate_limit_response::{Code, DescriptorStatus};
-use crate::pb::{RateLimitRequest, RateLimitUnit};
+use crate::pb::{RateLimitDescriptor, RateLimitRequest, RateLimitUnit};
 
 fn text(s: impl Into<String>) -> Value {
     Value {
@@ -158,8 +158,8 @@ pub(super) fn held(
         ChargeMode::EachAlone => true,
     };
     let (mut held, mut leases) = (BTreeMap::new(), BTreeMap::new());
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for (d, p) in request.descriptors.iter().zip(planned) {
+    let names = descriptor_names(&request.descriptors);
+    for (name, p) in names.into_iter().zip(planned) {
         let concurrency = p
             .check
             .iter()
@@ -180,13 +180,6 @@ pub(super) fn held(
             _ => None,
         };
         let (slots, lease) = took.unwrap_or((0, 0));
-        let keys: Vec<&str> = d.entries.iter().map(|e| e.key.as_str()).collect();
-        let mut name = keys.join(".");
-        let nth = seen.entry(name.clone()).or_insert(0);
-        *nth += 1;
-        if *nth > 1 {
-            name = format!("{name}#{nth}");
-        }
         held.insert(name.clone(), text(slots.to_string()));
         leases.insert(name, text(lease.to_string()));
     }
@@ -197,4 +190,29 @@ pub(super) fn held(
         ("held".to_owned(), object(held)),
         ("lease".to_owned(), object(leases)),
     ]
+}
+
+/// Each descriptor's name in `held` and `lease`: its keys joined with `.`, and where an earlier
+/// descriptor of the call has the same keys (concurrency or not), `#2`, `#3`, … by its place among
+/// them. One function for the service and for `portcullis ask`, which releases by these names.
+pub fn descriptor_names(descriptors: &[RateLimitDescriptor]) -> Vec<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    descriptors
+        .iter()
+        .map(|d| {
+            let name = d
+                .entries
+                .iter()
+                .map(|e| e.key.as_str())
+                .collect::<Vec<_>>()
+                .join(".");
+            let nth = seen.entry(name.clone()).or_insert(0);
+            *nth += 1;
+            if *nth > 1 {
+                format!("{name}#{nth}")
+            } else {
+                name
+            }
+        })
+        .collect()
 }

@@ -18,5 +18,6 @@ mod validate;
 
 pub use config::{HeaderNames, HeadersMode, ServiceConfig};
 pub use decider::Decider;
+pub use metadata::descriptor_names;
 pub use plan::{LayerPlan, Planned};
 pub use rls::RlsService;

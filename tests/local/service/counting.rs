@@ -162,23 +162,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 ";
     let server = TestServer::start(&[("cc.yaml", RULES)]).await;
-    let held = |r: &RateLimitResponse| -> Vec<(String, String)> {
-        let Some(meta) = &r.dynamic_metadata else {
-            return Vec::new();
-        };
-        let Some(prost_types::value::Kind::StructValue(held)) =
-            meta.fields.get("held").and_then(|v| v.kind.clone())
-        else {
-            return Vec::new();
-        };
-        held.fields
-            .into_iter()
-            .map(|(k, v)| match v.kind {
-                Some(prost_types::value::Kind::StringValue(s)) => (k, s),
-                other => panic!("{k}: {other:?}"),
-            })
-            .collect()
-    };
+    let held = |r: &RateLimitResponse| meta(r, "held");
     let call = || {
         request(
             "cc",

@@ -4,25 +4,6 @@
 
 use super::*;
 
-/// The dynamic metadata's `field` map (`held` or `lease`), as (descriptor keys, text).
-fn meta(r: &RateLimitResponse, field: &str) -> Vec<(String, String)> {
-    let Some(meta) = &r.dynamic_metadata else {
-        return Vec::new();
-    };
-    let Some(prost_types::value::Kind::StructValue(map)) =
-        meta.fields.get(field).and_then(|v| v.kind.clone())
-    else {
-        return Vec::new();
-    };
-    map.fields
-        .into_iter()
-        .map(|(k, v)| match v.kind {
-            Some(prost_types::value::Kind::StringValue(s)) => (k, s),
-            other => panic!("{field}.{k}: {other:?}"),
-        })
-        .collect()
-}
-
 fn release(user: &str, token: &str) -> RateLimitRequest {
     let mut r = request("cc", &[&[("user", user)]]);
     r.descriptors[0].hits_addend = Some(token.parse().expect("a number"));
@@ -119,5 +100,31 @@ descriptors:
     // Released again (Envoy retries nothing, but a duplicate must be harmless): nothing more.
     server.ok(release("a", &leases[0].1)).await;
     assert_eq!(free(&server, "a").await, 1);
+    server.stop().await;
+}
+
+/// A plain descriptor before a concurrency one with the same keys: the concurrency one is the
+/// call's second `user` descriptor, `user#2`, as `portcullis ask` and the docs count. It was
+/// named `user` (only concurrency descriptors were counted), and `ask` released nothing.
+#[tokio::test]
+async fn a_descriptor_is_named_by_its_place_among_all_of_the_same_keys() {
+    const RULES: &str = "domain: cc
+descriptors:
+  - key: user
+    value: plain
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: user
+    rate_limit: {algorithm: concurrency, requests_per_unit: 1, unit: minute}
+";
+    let server = TestServer::start(&[("cc.yaml", RULES)]).await;
+    let r = server
+        .ok(request("cc", &[&[("user", "plain")], &[("user", "u")]]))
+        .await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(meta(&r, "held"), [("user#2".into(), "1".into())]);
+    let [(name, _)] = &meta(&r, "lease")[..] else {
+        panic!("one lease: {r:?}")
+    };
+    assert_eq!(name, "user#2");
     server.stop().await;
 }

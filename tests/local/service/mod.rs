@@ -20,6 +20,25 @@ fn codes(r: &RateLimitResponse) -> Vec<i32> {
     r.statuses.iter().map(|s| s.code).collect()
 }
 
+/// The dynamic metadata's `field` map (`held` or `lease`), as (descriptor name, text) by name.
+fn meta(r: &RateLimitResponse, field: &str) -> Vec<(String, String)> {
+    let Some(meta) = &r.dynamic_metadata else {
+        return Vec::new();
+    };
+    let Some(prost_types::value::Kind::StructValue(map)) =
+        meta.fields.get(field).and_then(|v| v.kind.clone())
+    else {
+        return Vec::new();
+    };
+    map.fields
+        .into_iter()
+        .map(|(k, v)| match v.kind {
+            Some(prost_types::value::Kind::StringValue(s)) => (k, s),
+            other => panic!("{field}.{k}: {other:?}"),
+        })
+        .collect()
+}
+
 const BASIC: &str = r#"
 domain: basic
 descriptors:
