@@ -130,6 +130,10 @@ pub fn charge_post_paid_claimed(
 }
 
 #[cfg(test)]
+#[path = "claims_model.rs"]
+mod model;
+
+#[cfg(test)]
 #[path = "claims_tests.rs"]
 mod tests;
 

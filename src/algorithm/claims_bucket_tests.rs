@@ -1,11 +1,11 @@
-//! The one budget on a token bucket, modelled as `claims_tests` models the windows: the real
+//! The one budget on a token bucket, modelled as `claims_model` models the windows: the real
 //! bucket (`apply_claimed`, `charge_post_paid_claimed`), gateways as Envoy runs them, RLS bursts, reports
 //! and streams that end, checked over every span of the run; and RLS beside a gateway keeps the
 //! rate the gateway leaves it.
 
 use proptest::prelude::*;
 
-use super::tests::{Gateway, S, carried_at, end_stream, held_by_others, limit};
+use super::model::{Gateway, S, carried_at, end_stream, held_by_others, limit};
 use super::*;
 use crate::algorithm::{State, apply_claimed, charge_post_paid_claimed};
 

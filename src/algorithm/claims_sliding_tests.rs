@@ -1,9 +1,9 @@
-//! The one budget on a sliding window, modelled as `claims_tests` models the fixed one: the
+//! The one budget on a sliding window, modelled as `claims_model` models the fixed one: the
 //! counter an exact log of admissions, checked over every sliding window of the run.
 
 use proptest::prelude::*;
 
-use super::tests::{Gateway, S, Shares, carried_at, end_stream, limit};
+use super::model::{Gateway, S, Shares, carried_at, end_stream, limit};
 use super::*;
 use crate::algorithm::share;
 
@@ -110,7 +110,7 @@ proptest! {
     // about a dozen, a sequence that passes the bound by one (10 > 9: one gateway on a sliding
     // minute of 8, RLS bursts of 3, 2 and 5 beside its reports; the case is in the closing note
     // of 2026-11-27 and an open finding of issue 48, as the fixed window's 45 > 44 above it in
-    // claims_tests.rs): until the design is fixed, CI checks a reproducible set rather than
+    // claims_model.rs): until the design is fixed, CI checks a reproducible set rather than
     // meeting that case one run in ten. To explore, change the seed.
     #![proptest_config(ProptestConfig {
         rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_0b0d),
