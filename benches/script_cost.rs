@@ -50,6 +50,26 @@ fn script_call(checks: &[Check]) -> redis::Cmd {
     cmd
 }
 
+/// µs of Redis per script call (its `INFO commandstats`) over about `rounds` calls that
+/// `command` makes, pipelined by 50 so that Redis runs them back to back.
+async fn redis_us_per_script_call(
+    conn: &mut redis::aio::MultiplexedConnection,
+    port: u16,
+    rounds: usize,
+    mut command: impl FnMut() -> redis::Cmd,
+) -> f64 {
+    let before = evalsha_stats(port);
+    for _ in 0..rounds.div_ceil(50) {
+        let mut pipe = redis::pipe();
+        for _ in 0..50 {
+            pipe.add_command(command()).ignore();
+        }
+        let () = pipe.query_async(conn).await.expect("the script runs");
+    }
+    let after = evalsha_stats(port);
+    (after.1 - before.1) / (after.0 - before.0).max(1.0)
+}
+
 /// µs of Redis per script call of `calls` calls, each one check of `algorithm` on one key.
 async fn row(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -80,17 +100,7 @@ async fn row(
             .iter()
             .all(|c| c[0].as_ref().is_ok_and(|n| n[0] == 1))
     );
-    let before = evalsha_stats(port);
-    // Pipelined by 50: Redis runs them back to back.
-    for _ in 0..rounds.div_ceil(50) {
-        let mut pipe = redis::pipe();
-        for _ in 0..50 {
-            pipe.add_command(cmd.clone()).ignore();
-        }
-        let () = pipe.query_async(conn).await.expect("the script runs");
-    }
-    let after = evalsha_stats(port);
-    (after.1 - before.1) / (after.0 - before.0).max(1.0)
+    redis_us_per_script_call(conn, port, rounds, || cmd.clone()).await
 }
 
 /// µs of Redis per decision on the cold path: script calls of `calls` calls, each one check of
@@ -110,7 +120,7 @@ async fn cold_row(
         burst: 100,
     };
     let mut next = 0u64;
-    let mut command = || {
+    let command = || {
         let checks: Vec<Check> = (0..calls)
             .map(|_| {
                 next += 1;
@@ -130,16 +140,7 @@ async fn cold_row(
             .collect();
         script_call(&checks)
     };
-    let before = evalsha_stats(port);
-    for _ in 0..rounds.div_ceil(50) {
-        let mut pipe = redis::pipe();
-        for _ in 0..50 {
-            pipe.add_command(command()).ignore();
-        }
-        let () = pipe.query_async(conn).await.expect("the script runs");
-    }
-    let after = evalsha_stats(port);
-    (after.1 - before.1) / (after.0 - before.0).max(1.0) / calls as f64
+    redis_us_per_script_call(conn, port, rounds, command).await / calls as f64
 }
 
 fn main() {
