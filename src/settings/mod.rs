@@ -195,13 +195,14 @@ pub struct Settings {
     /// Connections in the standalone/Sentinel pool (each multiplexed; see BENCHMARKS.md).
     #[arg(long, env = "PORTCULLIS_REDIS_POOL_SIZE", default_value_t = 2)]
     pub redis_pool_size: u32,
-    /// How new sliding-window counters are stored in Redis: `packed` (one string, a third of the
-    /// memory) or `hash` (0.1.0's layout: set it while replicas of 0.1.0 share the Redis, as
-    /// they read only hashes). Either layout is read as it is stored.
+    /// How new sliding-window counters are stored in Redis: `hash` (0.1.0's layout, the default
+    /// in 0.2: replicas of 0.1.0 read only hashes, so a rolling update from 0.1.0 shares every
+    /// budget in one rollout) or `packed` (one string, a third of the memory: set it once no
+    /// replica of 0.1.0 shares the Redis). Either layout is read as it is stored.
     #[arg(
         long,
         env = "PORTCULLIS_REDIS_SLIDING_LAYOUT",
-        default_value = "packed",
+        default_value = "hash",
         value_parser = PossibleValuesParser::new(["packed", "hash"]).map(|l| {
             if l == "hash" { SlidingLayout::Hash } else { SlidingLayout::Packed }
         })

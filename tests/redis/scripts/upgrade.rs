@@ -126,9 +126,9 @@ async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() 
         );
     }
 
-    // Today's default layout (packed) is a string 0.1.0 cannot read: an old replica answers the
-    // key with an error (its failure mode then decides: fail open by default), which is why the
-    // rollout from 0.1.0 takes two steps (docs/redis.md).
+    // The packed layout (`--redis-sliding-layout packed`) is a string 0.1.0 cannot read: an old
+    // replica answers the key with an error (its failure mode then decides: fail open by
+    // default), which is why it is not the default while 0.1.0 replicas may share the Redis.
     let packed = connected_store(Topology::Standalone(redis.url()), "p:").await;
     let sliding = Limit {
         algorithm: Algorithm::SlidingWindow,
@@ -157,4 +157,75 @@ async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() 
         matches!(&old, Err(e) if e.contains("WRONGTYPE")),
         "0.1.0 on a packed key: {old:?}"
     );
+}
+
+/// The first moment of a rolling update from 0.1.0: a replica of this build, started with its
+/// defaults (the binary, over gRPC), beside 0.1.0 (its own script) on one Redis, on a sliding
+/// window of 5 a minute. The key the new replica makes is one 0.1.0 reads, and the two spend one
+/// budget: 3 on the new, 3 refused on 0.1.0, 2 on 0.1.0, then the new refuses. Before the
+/// default was 0.1.0's layout, the key was packed and 0.1.0 answered it WRONGTYPE (and its
+/// failure mode, fail open by default, admitted every request) until the rollout ended.
+#[tokio::test]
+async fn a_replica_with_its_default_settings_shares_a_sliding_window_with_0_1_0() {
+    const RULES: &str = "domain: up
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
+";
+    let redis = RedisServer::start();
+    let rules = crate::common::cli::dir_with(&[("up.yaml", RULES)]);
+    let url = redis.url();
+    let server = crate::common::process::ServeProcess::spawn(
+        rules.path(),
+        &["--store", "redis", "--redis-url", url.as_str()],
+        &[],
+        &[],
+    );
+    let mut client = portcullis::pb::RateLimitServiceClient::connect(server.grpc_url())
+        .await
+        .expect("connect");
+    let mut new_replica = async |hits: u32| {
+        let mut call = request("up", &[&[("user", "u")]]);
+        call.hits_addend = hits;
+        let answer = client.should_rate_limit(call).await.expect("answered");
+        answer.into_inner().overall_code == portcullis::pb::rate_limit_response::Code::Ok as i32
+    };
+    assert!(new_replica(3).await);
+    let keys = cli(redis.port, &["KEYS", "*"]);
+    let key = keys
+        .lines()
+        .find(|k| k.contains("user"))
+        .unwrap_or_else(|| panic!("the new replica's counter: {keys:?}"))
+        .to_owned();
+    let five = Limit {
+        algorithm: Algorithm::SlidingWindow,
+        requests: 5,
+        window_us: 60_000_000,
+        burst: 5,
+    };
+    let check = |hits: u64| Check {
+        key: key.clone(),
+        limit: five,
+        hits,
+        refund: false,
+        post_paid: false,
+    };
+    // 0.1.0 on the host's clock, which is Redis' here (one machine).
+    let now_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_micros() as u64
+    };
+    let mut conn = plain_connection(redis.port).await;
+    assert_eq!(
+        old_replica(&mut conn, &key, &check(3), now_us()).await,
+        Ok(false),
+        "0.1.0 sees the new replica's 3 of 5"
+    );
+    assert_eq!(
+        old_replica(&mut conn, &key, &check(2), now_us()).await,
+        Ok(true)
+    );
+    assert!(!new_replica(1).await, "the new replica sees 0.1.0's 2");
 }
