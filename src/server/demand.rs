@@ -95,14 +95,20 @@ impl Keeper {
 }
 
 /// The first look (or, serving RLQS, the first flag), within `EVERY`; a failure leaves it to
-/// the task's first rounds.
-pub async fn first_look(quota: &dyn QuotaStore, serves_rlqs: bool) {
+/// the task's first rounds, but a flag refused for a replica that counts apart (its mark on the
+/// store, `blind`) refuses the start, naming both.
+pub async fn first_look(quota: &dyn QuotaStore, serves_rlqs: bool) -> Result<(), StoreError> {
     let deadline = Instant::now() + EVERY;
     if serves_rlqs {
-        let _ = tokio::time::timeout_at(deadline, quota.announce(deadline)).await;
+        if let Ok(Err(e @ StoreError::Conflict(_))) =
+            tokio::time::timeout_at(deadline, quota.announce(deadline)).await
+        {
+            return Err(e);
+        }
     } else if let Ok(Ok(found)) = tokio::time::timeout_at(deadline, quota.in_use(deadline)).await {
         quota.set_in_use(found);
     }
+    Ok(())
 }
 
 /// Runs `keeper` every `EVERY` until `stop`.

@@ -5,6 +5,7 @@
 //! end-to-end tests start the server the same way. Nothing below this floor reads `Settings`.
 
 mod aged;
+mod blind;
 mod config;
 mod demand;
 mod grpc;
@@ -134,6 +135,17 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         rules_source::start(settings, &metrics, &stopped, &mut tasks, &http_listeners).await?;
 
     let (limiter, quota) = store::limiter(settings, &clock, &metrics)?;
+    // Per-second limits counted apart from the claims: marked on the main Redis, so that no
+    // replica serves RLQS there meanwhile (refused here where one already does).
+    if let Some(what) = settings.per_second_setting() {
+        blind::mark_at_start(quota.store.as_ref(), what, settings.redis_connect_timeout).await?;
+        tasks.push(blind::spawn(
+            quota.store.clone(),
+            what,
+            metrics.clone(),
+            stopped.clone(),
+        ));
+    }
     // RLS checks count the gateways' claims in the store itself, and what they spend on held
     // descriptors goes to the gateways' shares as RLS demand, every second (`store::limiter`
     // says on which replicas).
@@ -141,7 +153,9 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         // Once before serving, so that the first RLS checks already count the claims as they
         // should (or, where no replica serves RLQS, pay nothing for them), and a replica that
         // serves RLQS starts its flag's clock (`demand`).
-        demand::first_look(quota.store.as_ref(), settings.rlqs.rlqs).await;
+        demand::first_look(quota.store.as_ref(), settings.rlqs.rlqs)
+            .await
+            .map_err(|e| StartError::Settings(e.to_string()))?;
         tasks.push(demand::spawn(
             demand::Keeper {
                 quota: quota.store.clone(),

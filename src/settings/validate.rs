@@ -85,14 +85,7 @@ impl Settings {
         // Grants claim their part of a rule beside its counters in the main Redis; a per-second
         // Redis holds per-second counters where no claim is, so RLS there would spend a second's
         // budget the gateways were already granted.
-        let per_second = if self.redis_per_second.is_some() {
-            Some("REDIS_PERSECOND")
-        } else if self.redis_per_second_url.is_some() && self.store == StoreKind::Redis {
-            Some("--redis-per-second-url")
-        } else {
-            None
-        };
-        if let (true, Some(set)) = (self.rlqs.rlqs, per_second) {
+        if let (true, Some(set)) = (self.rlqs.rlqs, self.per_second_setting()) {
             problems.push(format!(
                 "--rlqs set with {set}: per-second limits would be counted in the per-second \
                  Redis, where the grants of RLQS are not, so a second's budget could be spent \
@@ -101,6 +94,18 @@ impl Settings {
         }
         problems.extend(self.traces.problems());
         problems
+    }
+
+    /// The setting that puts per-second limits in a Redis of their own, by the name it was given
+    /// (`REDIS_PERSECOND` in the Go drop-in mode): there, no RLQS grant's claim is seen.
+    pub fn per_second_setting(&self) -> Option<&'static str> {
+        if self.redis_per_second.is_some() {
+            Some("REDIS_PERSECOND")
+        } else if self.redis_per_second_url.is_some() && self.store == StoreKind::Redis {
+            Some("--redis-per-second-url")
+        } else {
+            None
+        }
     }
 
     /// A Redis URL that cannot be used, said with the form it needs (never the URL itself: it

@@ -37,6 +37,10 @@ pub enum StoreError {
     /// The store answered something that breaks the contract.
     #[error("store answered unexpectedly: {0}")]
     Protocol(String),
+    /// Another replica sharing the store was started with settings ours cannot share it with
+    /// (RLQS served beside a per-second Redis): what both set.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl StoreError {
@@ -47,6 +51,7 @@ impl StoreError {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Permanent(_) => "permanent",
             StoreError::Protocol(_) => "protocol",
+            StoreError::Conflict(_) => "conflict",
         }
     }
 

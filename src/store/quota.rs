@@ -135,6 +135,14 @@ pub trait QuotaStore: Send + Sync + 'static {
     /// checks always count the claims, as this replica's memory, ignores it).
     fn set_in_use(&self, _found: Option<std::time::Duration>) {}
 
+    /// Says that this replica counts some limits where the grants' claims are not seen (`what`:
+    /// the setting, as a per-second Redis), for `IN_USE_FOR`: no replica serves RLQS on this
+    /// store meanwhile (`announce` is refused, naming `what`). A `Conflict`, and nothing said,
+    /// when one already does. A store of one replica has nobody to tell.
+    fn mark_blind<'a>(&'a self, _what: &'a str, _deadline: Instant) -> DoneFuture<'a> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Waits until this replica's grants are seen by every replica's RLS checks (its flag
     /// settled), at most until `deadline`, else says why not. A store of one replica is.
     fn settled(&self, _deadline: Instant) -> DoneFuture<'_> {

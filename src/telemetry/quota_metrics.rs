@@ -42,7 +42,8 @@ pub struct QuotaMetrics {
     /// Writes or reads of the contested descriptors that failed (pushes wait for the reports).
     pub push_errors: Counter,
     /// Failed pushes of RLS demand to the quota store (the gateways' shares leave RLS its
-    /// part a push later), or announcements that this replica serves RLQS.
+    /// part a push later), announcements that this replica serves RLQS, or marks that it
+    /// counts per-second limits apart (`server::blind`).
     pub demand_errors: Counter,
 }
 
@@ -150,7 +151,7 @@ impl QuotaMetrics {
             registry,
             names,
             "rlqs_demand_errors",
-            "Failed pushes of RLS demand to the quota store, or announcements that this replica serves RLQS",
+            "Failed pushes of RLS demand to the quota store, announcements that this replica serves RLQS, or marks of a per-second Redis",
             self.demand_errors.clone(),
         );
     }

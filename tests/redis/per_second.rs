@@ -89,8 +89,12 @@ async fn go_mode_counts_per_second_limits_in_the_per_second_redis() {
     // A per-second counter lives one second: on a loaded machine it may be gone before it is
     // looked for, so a key that expired counts as held (the hour counter never expires, and
     // the per-second Redis holds nothing else).
-    let (in_main, in_fast) = (keys(main.port), keys(fast.port));
+    let (mut in_main, in_fast) = (keys(main.port), keys(fast.port));
     let (gone_main, gone_fast) = (expired(main.port), expired(fast.port));
+    // Beside the counters, the mark that keeps replicas serving RLQS off this main Redis.
+    let marks = in_main.len();
+    in_main.retain(|k| !k.ends_with("{rlqs-in-use}:blind"));
+    assert_eq!(marks - in_main.len(), 1, "the per-second mark: {in_main:?}");
     assert!(
         in_fast.iter().all(|k| k.contains("burst")) && in_fast.len() as u64 + gone_fast == 1,
         "per-second Redis holds {in_fast:?} and {gone_fast} expired"
@@ -246,4 +250,105 @@ fn pause(port: u16, ms: u64) {
         cli(port, &["CLIENT", "PAUSE", &ms.to_string(), "ALL"]),
         "OK"
     );
+}
+
+/// `portcullis serve` on `main` (and `per_second`, when given) with `extra`, run to its end
+/// (within 10 s) on free ports: its exit code and output.
+fn serve_to_the_end(
+    rules: &std::path::Path,
+    main: &RedisServer,
+    per_second: Option<&RedisServer>,
+    extra: &[&str],
+) -> (i32, String) {
+    let (grpc, admin, main_url) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+        main.url(),
+    );
+    let fast_url = per_second.map(RedisServer::url);
+    let mut args = vec![
+        "serve",
+        "--config",
+        rules.to_str().expect("a UTF-8 path"),
+        "--grpc-addr",
+        &grpc,
+        "--admin-addr",
+        &admin,
+        "--store",
+        "redis",
+        "--redis-url",
+        &main_url,
+    ];
+    if let Some(url) = &fast_url {
+        args.extend(["--redis-per-second-url", url.as_str()]);
+    }
+    args.extend_from_slice(extra);
+    common::cli::portcullis_with_env(&args, &[])
+}
+
+/// Issue 43 item 5: per-second limits counted in a Redis of their own never see the RLQS
+/// grants' claims, so a replica with a per-second Redis beside replicas serving RLQS on the same
+/// main Redis would spend a second's budget twice. Whichever starts second is refused, naming
+/// both; one that is not refused keeps serving. Before, both started (only `--rlqs` and a
+/// per-second Redis on one replica were refused).
+#[test]
+fn a_per_second_redis_and_rlqs_on_one_redis_refuse_whichever_starts_second() {
+    let rules = common::cli::dir_with(&[("edge.yaml", RULES)]);
+    let url = |r: &RedisServer| r.url();
+    // RLQS first: the replica with a per-second Redis is refused.
+    let (main, fast) = (RedisServer::start(), RedisServer::start());
+    let rlqs = ServeProcess::spawn(
+        rules.path(),
+        &["--store", "redis", "--redis-url", &url(&main), "--rlqs"],
+        &[],
+        &[],
+    );
+    let (code, out) = serve_to_the_end(rules.path(), &main, Some(&fast), &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("--redis-per-second-url set, and replicas serving RLQS share this Redis"),
+        "{out}"
+    );
+    assert!(still_serving(&rlqs), "the RLQS replica serves on");
+    drop(rlqs);
+
+    // The replica with a per-second Redis first: the one serving RLQS is refused.
+    let (main, fast) = (RedisServer::start(), RedisServer::start());
+    let per_second = ServeProcess::spawn(
+        rules.path(),
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url(&main),
+            "--redis-per-second-url",
+            &url(&fast),
+        ],
+        &[],
+        &[],
+    );
+    let (code, out) = serve_to_the_end(rules.path(), &main, None, &["--rlqs"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("a replica with --redis-per-second-url counts its per-second limits"),
+        "{out}"
+    );
+    assert!(
+        still_serving(&per_second),
+        "the per-second replica serves on"
+    );
+    // On a main Redis of its own, the same RLQS replica starts.
+    let other = RedisServer::start();
+    let rlqs = ServeProcess::spawn(
+        rules.path(),
+        &["--store", "redis", "--redis-url", &url(&other), "--rlqs"],
+        &[],
+        &[],
+    );
+    drop((rlqs, per_second));
+}
+
+/// Whether `server` is still running (not exited).
+fn still_serving(server: &ServeProcess) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", server.grpc_port)).is_ok()
 }

@@ -31,6 +31,7 @@ const MAX_ASKS_PER_CALL: usize = 200;
 const CONTEST: &str = include_str!("../../../lua/quota_contest.lua");
 const CONTESTED: &str = include_str!("../../../lua/quota_contested.lua");
 const IN_USE: &str = include_str!("../../../lua/quota_in_use.lua");
+const BLIND: &str = include_str!("../../../lua/quota_blind.lua");
 
 /// One ask's reply from `lua/quota.lua`: tokens per fill, fill seconds, short (1).
 type ScriptGrant = (u32, u32, u8);
@@ -51,6 +52,12 @@ impl RedisStore {
     /// Whether a replica serves RLQS on this Redis: a flag with a TTL, its own hash tag.
     fn in_use_key(&self) -> String {
         format!("{}{{rlqs-in-use}}", self.prefix)
+    }
+
+    /// Whether a replica whose RLS checks cannot count claims uses this Redis (`mark_blind`):
+    /// beside the flag, in its hash tag.
+    fn blind_key(&self) -> String {
+        format!("{}{{rlqs-in-use}}:blind", self.prefix)
     }
 
     /// The contested feed: descriptors scored by until when (ms, Redis' clock) they are
@@ -260,12 +267,27 @@ impl QuotaStore for RedisStore {
             let stand = self.claims_stand(IN_USE_FOR);
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(IN_USE)
-                .arg(1)
+                .arg(2)
                 .arg(self.in_use_key())
+                .arg(self.blind_key())
                 .arg(u64::try_from(stand.as_millis()).unwrap_or(u64::MAX))
                 .arg(IN_USE_SEEN.as_millis() as u64);
-            let left: u64 = redis::from_redis_value(self.query(cmd, deadline).await?)
-                .map_err(|e| StoreError::Protocol(format!("RLQS in use: {e}")))?;
+            let left = match self.query(cmd, deadline).await? {
+                redis::Value::Int(left) => u64::try_from(left).unwrap_or(0),
+                redis::Value::BulkString(what) => {
+                    return Err(StoreError::Conflict(format!(
+                        "a replica with {} counts its per-second limits beside this Redis, where \
+                         RLQS claims are not seen (its mark {} stands): RLQS is not served on a \
+                         Redis such replicas share; unset that setting on them, or give RLQS a \
+                         Redis or key prefix of its own",
+                        String::from_utf8_lossy(&what),
+                        self.blind_key()
+                    )));
+                }
+                other => {
+                    return Err(StoreError::Protocol(format!("RLQS in use: {other:?}")));
+                }
+            };
             let settled_in = std::time::Duration::from_millis(left);
             self.announced(stand, settled_in);
             Ok(settled_in)
@@ -290,6 +312,29 @@ impl QuotaStore for RedisStore {
 
     fn set_in_use(&self, found: Option<std::time::Duration>) {
         RedisStore::set_in_use(self, found);
+    }
+
+    fn mark_blind<'a>(&'a self, what: &'a str, deadline: Instant) -> DoneFuture<'a> {
+        Box::pin(async move {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(BLIND)
+                .arg(2)
+                .arg(self.in_use_key())
+                .arg(self.blind_key())
+                .arg(u64::try_from(IN_USE_FOR.as_millis()).unwrap_or(u64::MAX))
+                .arg(what);
+            let left: i64 = redis::from_redis_value(self.query(cmd, deadline).await?)
+                .map_err(|e| StoreError::Protocol(format!("RLQS blind mark: {e}")))?;
+            if left == -2 {
+                return Ok(());
+            }
+            Err(StoreError::Conflict(format!(
+                "{what} set, and replicas serving RLQS share this Redis (their flag {} stands): \
+                 per-second limits counted apart would spend a second's budget their gateways \
+                 were granted; unset {what}, or give RLQS a Redis or key prefix of its own",
+                self.in_use_key()
+            )))
+        })
     }
 
     fn settled(&self, deadline: Instant) -> DoneFuture<'_> {
