@@ -302,20 +302,26 @@ pub fn rules_dir(data: &[u8]) {
     }
 }
 
+/// One of the four loading options per input, chosen by its length (no byte of the input is
+/// spent on it, so the corpus means what it meant): each option is met by mutations within a
+/// few steps, and an input costs one parse instead of four. Four parses made a rules input cost
+/// ~45 ms in the instrumented build, and CI's 20 s passes ended before the committed corpus was
+/// even loaded: replayed, never fuzzed.
 fn check_set(files: &rules::RuleFiles) {
-    for merge_domains in [false, true] {
-        for default_algorithm in [Algorithm::SlidingWindow, Algorithm::FixedWindow] {
-            let options = LoadOptions {
-                merge_domains,
-                default_algorithm,
-            };
-            match rules::parse(files, options) {
-                Ok(snapshot) => exercise(&snapshot),
-                Err(error) => {
-                    // The error names what is wrong: never empty.
-                    assert!(!error.to_string().trim().is_empty());
-                }
-            }
+    let length: usize = files.files.iter().map(|(_, bytes)| bytes.len()).sum();
+    let options = LoadOptions {
+        merge_domains: length & 1 == 1,
+        default_algorithm: if length & 2 == 2 {
+            Algorithm::FixedWindow
+        } else {
+            Algorithm::SlidingWindow
+        },
+    };
+    match rules::parse(files, options) {
+        Ok(snapshot) => exercise(&snapshot),
+        Err(error) => {
+            // The error names what is wrong: never empty.
+            assert!(!error.to_string().trim().is_empty());
         }
     }
 }
