@@ -199,6 +199,9 @@ fn replica(
         "2s",
         "--redis-url",
         url.as_str(),
+        // The sub-window a replica wrote is read from the packed counter's header.
+        "--redis-sliding-layout",
+        "packed",
     ];
     let wrapper: Vec<&str> =
         fake_offset.map_or(Vec::new(), |offset| vec!["faketime", "-f", offset]);
