@@ -10,6 +10,11 @@ use crate::store::StoreError;
 pub fn classify(error: &RedisError) -> StoreError {
     let text = error.to_string();
     let code = error.code().unwrap_or("");
+    if let ErrorKind::Server(kind) = error.kind()
+        && let Some((code, meaning)) = passing(kind)
+    {
+        return StoreError::Unavailable(format!("{code} ({meaning}): {text}"));
+    }
     match error.kind() {
         ErrorKind::AuthenticationFailed => {
             StoreError::Permanent(format!("authentication failed: {text}"))
@@ -24,15 +29,6 @@ pub fn classify(error: &RedisError) -> StoreError {
         ErrorKind::InvalidClientConfig | ErrorKind::RESP3NotSupported => {
             StoreError::Permanent(format!("the Redis settings cannot work: {text}"))
         }
-        ErrorKind::Server(
-            ServerErrorKind::ReadOnly
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::BusyLoading
-            | ServerErrorKind::Moved
-            | ServerErrorKind::Ask,
-        ) => StoreError::Unavailable(text),
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::Protocol(text),
         _ if matches!(code, "WRONGPASS" | "NOAUTH") => {
             StoreError::Permanent(format!("authentication failed: {text}"))
@@ -66,6 +62,40 @@ pub fn classify(error: &RedisError) -> StoreError {
         ErrorKind::Server(_) => StoreError::Protocol(text),
         _ => StoreError::Unavailable(text),
     }
+}
+
+/// The server errors of a topology in motion (a failover, a resharding, a restart), by the code
+/// Redis sends, as an operator greps for it, and what it means; each answered by the failure
+/// mode once it is not followed or waited out (`did_not_run`, `send::eval_on_cluster`).
+fn passing(kind: ServerErrorKind) -> Option<(&'static str, &'static str)> {
+    Some(match kind {
+        ServerErrorKind::ReadOnly => (
+            "READONLY",
+            "the node became a replica, a failover moved its master: the connection is replaced",
+        ),
+        ServerErrorKind::TryAgain => (
+            "TRYAGAIN",
+            "the call's keys are moving between Cluster nodes: sent again, then given up",
+        ),
+        ServerErrorKind::MasterDown => (
+            "MASTERDOWN",
+            "the replica lost its master and serves no stale data",
+        ),
+        ServerErrorKind::ClusterDown => (
+            "CLUSTERDOWN",
+            "the Cluster has slots no node serves: a master down and not yet replaced",
+        ),
+        ServerErrorKind::BusyLoading => ("LOADING", "Redis is loading its data after a restart"),
+        ServerErrorKind::Moved => (
+            "MOVED",
+            "the slot is another node's: followed, then given up past the attempts",
+        ),
+        ServerErrorKind::Ask => (
+            "ASK",
+            "the slot is migrating: followed, then given up past the attempts",
+        ),
+        _ => return None,
+    })
 }
 
 fn is_certificate_error(text: &str) -> bool {
@@ -129,6 +159,55 @@ mod tests {
         assert!(!did_not_run(&reset));
         let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
         assert!(!did_not_run(&timed_out));
+    }
+
+    /// A topology in motion is said by the code Redis sent (what an operator greps for) and in
+    /// words: the log used to say `ClusterDown: The cluster is down`, never `CLUSTERDOWN`.
+    #[test]
+    fn a_topology_in_motion_is_named_by_its_redis_code_and_meaning() {
+        for (reply, code, words) in [
+            (
+                "READONLY You can't write against a read only replica.",
+                "READONLY",
+                "failover",
+            ),
+            (
+                "TRYAGAIN Multiple keys request during rehashing of slot",
+                "TRYAGAIN",
+                "moving",
+            ),
+            (
+                "MASTERDOWN Link with MASTER is down",
+                "MASTERDOWN",
+                "lost its master",
+            ),
+            (
+                "CLUSTERDOWN The cluster is down",
+                "CLUSTERDOWN",
+                "no node serves",
+            ),
+            (
+                "LOADING Redis is loading the dataset in memory",
+                "LOADING",
+                "restart",
+            ),
+            ("MOVED 3999 127.0.0.1:6381", "MOVED", "another node's"),
+            ("ASK 3999 127.0.0.1:6381", "ASK", "migrating"),
+        ] {
+            // As the parser makes it from the wire.
+            let wire = format!("-{reply}\r\n");
+            let error = match redis::parse_redis_value(wire.as_bytes()) {
+                Ok(redis::Value::ServerError(e)) => RedisError::from(e),
+                other => panic!("{reply}: {other:?}"),
+            };
+            let said = classify(&error);
+            assert_eq!(said.kind(), "unavailable", "{reply}");
+            let text = said.to_string();
+            assert!(
+                text.contains(code) && text.contains(words),
+                "{reply}: {text}"
+            );
+        }
     }
 
     #[test]
