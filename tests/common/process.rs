@@ -50,8 +50,21 @@ impl ServeProcess {
         grpc_port: u16,
         admin_port: u16,
     ) -> ServeProcess {
-        let log = tempfile::NamedTempFile::new().expect("log file");
         let bin = env!("CARGO_BIN_EXE_portcullis");
+        Self::spawn_binary(bin, config, args, envs, wrapper, grpc_port, admin_port)
+    }
+
+    /// `spawn_on` of another build's binary (a replica of an older release beside this one).
+    pub fn spawn_binary(
+        bin: &str,
+        config: &Path,
+        args: &[&str],
+        envs: &[(&str, String)],
+        wrapper: &[&str],
+        grpc_port: u16,
+        admin_port: u16,
+    ) -> ServeProcess {
+        let log = tempfile::NamedTempFile::new().expect("log file");
         let mut cmd = match wrapper.split_first() {
             Some((program, wrapper_args)) => {
                 let mut c = Command::new(program);
