@@ -27,21 +27,22 @@ pub async fn mark_at_start(
     what: &str,
     wait: Duration,
 ) -> Result<(), StartError> {
-    let deadline = Instant::now() + wait;
-    match tokio::time::timeout_at(deadline, quota.mark_blind(what, deadline)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e @ StoreError::Conflict(_))) => Err(StartError::Settings(e.to_string())),
-        Ok(Err(e)) => {
+    match mark(quota, what, wait).await {
+        Ok(()) => Ok(()),
+        Err(e @ StoreError::Conflict(_)) => Err(StartError::Settings(e.to_string())),
+        Err(e) => {
             tracing::warn!(error = %e, "could not mark the Redis as used by a replica with {what} yet: trying every {EVERY:?}");
             Ok(())
         }
-        Err(_) => {
-            tracing::warn!(
-                "the Redis did not answer the mark of a replica with {what} within {wait:?}: trying every {EVERY:?}"
-            );
-            Ok(())
-        }
     }
+}
+
+/// One mark, answered within `wait` (else a timeout).
+async fn mark(quota: &dyn QuotaStore, what: &str, wait: Duration) -> Result<(), StoreError> {
+    let deadline = Instant::now() + wait;
+    tokio::time::timeout_at(deadline, quota.mark_blind(what, deadline))
+        .await
+        .unwrap_or(Err(StoreError::Timeout(wait)))
 }
 
 /// Sets the mark again every `EVERY` until `stop`. A replica serving RLQS found then (the mark
@@ -62,12 +63,8 @@ pub fn spawn(
                 _ = ticker.tick() => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
-            let deadline = Instant::now() + EVERY / 2;
-            let marked = tokio::time::timeout_at(deadline, quota.mark_blind(what, deadline)).await;
-            let error = match marked {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e,
-                Err(_) => StoreError::Timeout(EVERY / 2),
+            let Err(error) = mark(quota.as_ref(), what, EVERY / 2).await else {
+                continue;
             };
             metrics.quota.demand_errors.inc();
             if let Some(skipped) = log.allow() {

@@ -11,9 +11,9 @@ pub fn classify(error: &RedisError) -> StoreError {
     let text = error.to_string();
     let code = error.code().unwrap_or("");
     if let ErrorKind::Server(kind) = error.kind()
-        && let Some((code, meaning)) = passing(kind)
+        && let Some((name, meaning)) = passing(kind)
     {
-        return StoreError::Unavailable(format!("{code} ({meaning}): {text}"));
+        return StoreError::Unavailable(format!("{name} ({meaning}): {text}"));
     }
     match error.kind() {
         ErrorKind::AuthenticationFailed => {

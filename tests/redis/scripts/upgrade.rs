@@ -159,6 +159,13 @@ async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() 
     );
 }
 
+/// The rule both replicas of a rolling update decide in the binary tests below.
+const FIVE_A_MINUTE: &str = "domain: up
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
+";
+
 /// The first moment of a rolling update from 0.1.0: a replica of this build, started with its
 /// defaults (the binary, over gRPC), beside 0.1.0 (its own script) on one Redis, on a sliding
 /// window of 5 a minute. The key the new replica makes is one 0.1.0 reads, and the two spend one
@@ -167,13 +174,8 @@ async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() 
 /// failure mode, fail open by default, admitted every request) until the rollout ended.
 #[tokio::test]
 async fn a_replica_with_its_default_settings_shares_a_sliding_window_with_0_1_0() {
-    const RULES: &str = "domain: up
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
-";
     let redis = RedisServer::start();
-    let rules = crate::common::cli::dir_with(&[("up.yaml", RULES)]);
+    let rules = crate::common::cli::dir_with(&[("up.yaml", FIVE_A_MINUTE)]);
     let url = redis.url();
     let server = crate::common::process::ServeProcess::spawn(
         rules.path(),
@@ -242,13 +244,8 @@ async fn the_0_1_0_binary_and_this_one_share_one_budget_in_a_rolling_update() {
     // Not a PORTCULLIS_* name: this build refuses variables of that prefix it does not read.
     let old_bin = std::env::var("UPGRADE_FROM_BIN")
         .expect("UPGRADE_FROM_BIN names the 0.1.0 binary (scripts/upgrade-check sets it)");
-    const RULES: &str = "domain: up
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
-";
     let redis = RedisServer::start();
-    let rules = crate::common::cli::dir_with(&[("up.yaml", RULES)]);
+    let rules = crate::common::cli::dir_with(&[("up.yaml", FIVE_A_MINUTE)]);
     let url = redis.url();
     // Deny on a store failure: an answer by the failure mode would show as a refusal here, so a
     // key one replica cannot read cannot pass as a shared budget.
