@@ -7,8 +7,17 @@
 //!
 //! Then the cold path: script calls of 10 calls, each on a key never named before.
 //!
-//!   cargo bench --bench script_cost        full run: 20,000 script calls per row
-//!   cargo test --benches                   a short smoke run (200)
+//! With `--against DIR` (the `lua/` directory of another commit, e.g. from `git archive`), each
+//! row is measured for that commit's script too, on the same Redis in alternating blocks, and
+//! the ratio printed: a change to the scripts is judged side by side in one run (this 2-core
+//! machine's noise moves both alike). The other script must take the same arguments.
+//!
+//!   cargo bench --bench script_cost                      full run: 20,000 script calls per row
+//!   cargo bench --bench script_cost -- --against DIR     the same, beside DIR's script
+//!   ... -- --lua DIR2 --against DIR                      DIR2's script (not the build's) beside
+//!   ... -- --cold-only                                   the cold rows only
+//!   ... -- --blocks N                                    N alternating blocks a row (4)
+//!   cargo test --benches                                 a short smoke run (200)
 
 #[path = "../tests/common/redis.rs"]
 mod harness;
@@ -31,9 +40,9 @@ fn evalsha_stats(port: u16) -> (f64, f64) {
     (field("calls="), field("usec="))
 }
 
-/// One EVALSHA of the decision script deciding `checks`, each a call of its own (as a batch sends
-/// them).
-fn script_call(checks: &[Check]) -> redis::Cmd {
+/// One EVALSHA of the decision script `sha` deciding `checks`, each a call of its own (as a batch
+/// sends them).
+fn script_call(sha: &str, checks: &[Check]) -> redis::Cmd {
     let mut keys = Vec::new();
     let mut args = vec![checks.len() as i64, 0];
     for check in checks {
@@ -43,7 +52,7 @@ fn script_call(checks: &[Check]) -> redis::Cmd {
     }
     let packed = script::pack(&keys, &args, false).expect("arguments match the keys");
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script::SHA.as_str())
+    cmd.arg(sha)
         .arg(packed.keys.len())
         .arg(&packed.keys)
         .arg(&packed.numbers);
@@ -74,6 +83,7 @@ async fn redis_us_per_script_call(
 async fn row(
     conn: &mut redis::aio::MultiplexedConnection,
     port: u16,
+    sha: &str,
     algorithm: Algorithm,
     calls: usize,
     rounds: usize,
@@ -85,13 +95,18 @@ async fn row(
         burst: 1_000_000_000,
     };
     let check = Check {
-        key: key::counter_key("cost", [("k", format!("{calls}").as_str())], &limit, None),
+        key: key::counter_key(
+            "cost",
+            [("k", format!("{calls}-{sha}").as_str())],
+            &limit,
+            None,
+        ),
         limit,
         hits: 1,
         refund: false,
         post_paid: false,
     };
-    let cmd = script_call(&vec![check; calls]);
+    let cmd = script_call(sha, &vec![check; calls]);
     let reply: redis::Value = cmd.query_async(conn).await.expect("the script runs");
     let decided = script::parse_reply(&reply).expect("a reply");
     assert_eq!(decided.len(), calls);
@@ -109,6 +124,7 @@ async fn row(
 async fn cold_row(
     conn: &mut redis::aio::MultiplexedConnection,
     port: u16,
+    sha: &str,
     algorithm: Algorithm,
     calls: usize,
     rounds: usize,
@@ -127,7 +143,7 @@ async fn cold_row(
                 Check {
                     key: key::counter_key(
                         "cold",
-                        [("user", format!("{algorithm:?}-{next}").as_str())],
+                        [("user", format!("{algorithm:?}-{sha}-{next}").as_str())],
                         &limit,
                         None,
                     ),
@@ -138,55 +154,173 @@ async fn cold_row(
                 }
             })
             .collect();
-        script_call(&checks)
+        script_call(sha, &checks)
     };
     redis_us_per_script_call(conn, port, rounds, command).await / calls as f64
+}
+
+/// The decision script as `dir` (a `lua/` directory) holds it, joined as `script::SOURCE` is.
+fn source_of(dir: &str) -> String {
+    const PARTS: [&str; 8] = [
+        "common",
+        "sliding_packed",
+        "sliding_window",
+        "token_bucket",
+        "fixed_window",
+        "concurrency",
+        "claims",
+        "check",
+    ];
+    PARTS
+        .iter()
+        .map(|p| {
+            let path = format!("{dir}/{p}.lua");
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+        })
+        .collect()
+}
+
+/// A row's figure for this build's script and, when there is one, the other's: `blocks`
+/// alternating blocks each, summed (so drift in the machine's speed falls on both).
+async fn side_by_side<F, Fut>(scripts: &[String], blocks: usize, mut measure: F) -> Vec<f64>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = f64>,
+{
+    let mut sums = vec![0.0; scripts.len()];
+    for _ in 0..blocks {
+        for (sum, sha) in sums.iter_mut().zip(scripts) {
+            *sum += measure(sha.clone()).await;
+        }
+    }
+    sums.iter().map(|s| s / blocks as f64).collect()
+}
+
+fn cells(us: &[f64], precision: usize) -> String {
+    match us {
+        [this, base] => format!(
+            "{this:.precision$} | {base:.precision$} | {:.2}",
+            this / base.max(1e-9)
+        ),
+        [this] => format!("{this:.precision$}"),
+        _ => unreachable!("one or two scripts"),
+    }
 }
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let rounds = if full { 20_000 } else { 200 };
+    let args: Vec<String> = std::env::args().collect();
+    let against = args
+        .iter()
+        .position(|a| a == "--against")
+        .map(|i| args.get(i + 1).expect("--against DIR").clone());
+    // `--lua DIR`: this side's script from DIR instead of the build (trying a change to the
+    // scripts without building).
+    let this = args
+        .iter()
+        .position(|a| a == "--lua")
+        .map(|i| source_of(args.get(i + 1).expect("--lua DIR")));
     let redis = harness::RedisServer::start();
-    harness::cli(redis.port, &["SCRIPT", "LOAD", script::SOURCE]);
+    let this = this.as_deref().unwrap_or(script::SOURCE);
+    let mut scripts = vec![harness::cli(redis.port, &["SCRIPT", "LOAD", this])];
+    assert!(scripts[0].len() == 40, "the script loads: {}", scripts[0]);
+    if let Some(dir) = &against {
+        scripts.push(harness::cli(
+            redis.port,
+            &["SCRIPT", "LOAD", &source_of(dir)],
+        ));
+    }
+    // Alternating blocks: four per row beside another script (`--blocks N`), one alone.
+    let blocks = match args.iter().position(|a| a == "--blocks") {
+        Some(i) => args.get(i + 1).and_then(|n| n.parse().ok()).expect("--blocks N"),
+        None if scripts.len() > 1 => 4,
+        None => 1,
+    };
+    let heads = if scripts.len() > 1 {
+        ("this | before | ratio", "|---|---|---|")
+    } else {
+        ("this", "|---|")
+    };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let client = redis::Client::open(redis.url()).expect("client");
-        let mut conn = client
+        let conn = client
             .get_multiplexed_async_connection()
             .await
             .expect("connect");
+        if let Some(dir) = &against {
+            println!("\nbefore: the script of {dir}");
+        }
+        let cold_only = args.iter().any(|a| a == "--cold-only");
         println!();
         println!(
-            "| algorithm | µs per script call, 1 call | 8 calls | 64 calls | µs per more call |"
+            "| algorithm | calls per script call | µs per script call: {} |",
+            heads.0
         );
-        println!("|---|---|---|---|---|");
+        println!("|---|---{}", heads.1);
         for algorithm in [
             Algorithm::SlidingWindow,
             Algorithm::TokenBucket,
             Algorithm::FixedWindow,
-        ] {
-            let mut us = Vec::new();
+        ]
+        .into_iter()
+        .filter(|_| !cold_only)
+        {
+            let mut per = Vec::new();
             for calls in [1, 8, 64] {
-                us.push(row(&mut conn, redis.port, algorithm, calls, rounds).await);
+                let us = side_by_side(&scripts, blocks, |sha| {
+                    let conn = conn.clone();
+                    async move {
+                        let mut conn = conn;
+                        row(
+                            &mut conn,
+                            redis.port,
+                            &sha,
+                            algorithm,
+                            calls,
+                            rounds / blocks,
+                        )
+                        .await
+                    }
+                })
+                .await;
+                println!("| {algorithm:?} | {calls} | {} |", cells(&us, 1));
+                per.push(us);
             }
-            println!(
-                "| {algorithm:?} | {:.1} | {:.1} | {:.1} | {:.2} |",
-                us[0],
-                us[1],
-                us[2],
-                (us[2] - us[1]) / 56.0
-            );
+            let more: Vec<f64> = (0..scripts.len())
+                .map(|s| (per[2][s] - per[1][s]) / 56.0)
+                .collect();
+            println!("| {algorithm:?} | one more | {} |", cells(&more, 2));
         }
         println!();
-        println!("| algorithm | cold path: µs per decision, script calls of 10 new keys |");
-        println!("|---|---|");
+        println!(
+            "| algorithm | cold path: µs per decision, script calls of 10 new keys: {} |",
+            heads.0
+        );
+        println!("|---{}", heads.1);
         for algorithm in [
             Algorithm::SlidingWindow,
             Algorithm::TokenBucket,
             Algorithm::FixedWindow,
         ] {
-            let us = cold_row(&mut conn, redis.port, algorithm, 10, rounds / 4).await;
-            println!("| {algorithm:?} | {us:.2} |");
+            let us = side_by_side(&scripts, blocks, |sha| {
+                let conn = conn.clone();
+                async move {
+                    let mut conn = conn;
+                    cold_row(
+                        &mut conn,
+                        redis.port,
+                        &sha,
+                        algorithm,
+                        10,
+                        rounds / 4 / blocks,
+                    )
+                    .await
+                }
+            })
+            .await;
+            println!("| {algorithm:?} | {} |", cells(&us, 2));
         }
     });
 }

@@ -85,19 +85,24 @@ local function fail(call, i, e)
   if i == nil then f.all = f.all or text else f[i] = f[i] or text end
 end
 
--- Writes a held state; a refused write fails the keys whose charges it carried.
+local function flush_state(key, h)
+  if h.op == 1 then
+    sliding_flush(key, h.s, h.now, h.p)
+  elseif h.op == 2 then
+    bucket_flush(key, h.s, h.now, h.p)
+  elseif h.op == 6 then
+    concurrency_flush(key, h.s, h.now)
+  else
+    fixed_flush(key, h.s, h.now, h.p)
+  end
+end
+
+-- Writes a held state; a refused write fails the keys whose charges it carried. A state nothing
+-- changed writes nothing (each flush function says so too); pcall with the function itself, not
+-- a closure per key.
 local function flush(key, h)
-  local ok, e = pcall(function()
-    if h.op == 1 then
-      sliding_flush(key, h.s, h.now, h.p)
-    elseif h.op == 2 then
-      bucket_flush(key, h.s, h.now, h.p)
-    elseif h.op == 6 then
-      concurrency_flush(key, h.s, h.now)
-    else
-      fixed_flush(key, h.s, h.now, h.p)
-    end
-  end)
+  if not h.s.dirty then return end
+  local ok, e = pcall(flush_state, key, h)
   if not ok then
     local w = h.writers
     for j = 1, h.nw, 2 do fail(w[j], w[j + 1], e) end
@@ -130,7 +135,7 @@ local function state(key, op, now, p, prefer_hash)
   else
     s = fixed_open(key, now, p)
   end
-  h = {op = op, now = now, p = p, s = s, writers = {}, nw = 0}
+  h = {op = op, now = now, p = p, s = s, writers = nil, nw = 0}
   held[key] = h
   return h
 end
@@ -250,6 +255,10 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   if s.dirty and scratch == nil then
     -- Flat pairs (call, key): no table per charge.
     local w, n = h.writers, h.nw
+    if w == nil then
+      w = {}
+      h.writers = w
+    end
     w[n + 1], w[n + 2] = call, i
     h.nw = n + 2
   end

@@ -72,8 +72,7 @@ local function concurrency_flush(key, s, now)
     -- The last lease is the one the key expires with already (a release): one write.
     redis.call('SET', key, table.concat(parts), 'KEEPTTL')
   else
-    redis.call('SET', key, table.concat(parts))
-    redis.call('PEXPIREAT', key, expire_at_ms(now, s.ends[s.n] - now))
+    redis.call('SET', key, table.concat(parts), 'PXAT', expire_at_ms(now, s.ends[s.n] - now))
   end
 end
 

@@ -124,7 +124,8 @@ local function packed_build(width, n, total, last, pairs)
 end
 
 -- Writes what the admitted hits changed: the slots taken over are zeroed, the newest one set,
--- the header rewritten; the TTL moves when `l` did (SET would drop it otherwise: KEEPTTL).
+-- the header rewritten; the TTL moves when `l` did (SET would drop it otherwise: KEEPTTL), in
+-- the same command (PXAT: a new key is one command).
 local function packed_flush(key, s, now, sub_us)
   local raw
   local small = s.count <= 65535 and s.width == 2
@@ -155,8 +156,7 @@ local function packed_flush(key, s, now, sub_us)
   if s.raw and s.loaded_last == s.newest then
     redis.call('SET', key, raw, 'KEEPTTL')
   else
-    redis.call('SET', key, raw)
-    redis.call('PEXPIREAT', key, expire_at_ms(now, (s.newest + SLOTS) * sub_us - now))
+    redis.call('SET', key, raw, 'PXAT', expire_at_ms(now, (s.newest + SLOTS) * sub_us - now))
   end
 end
 
@@ -195,8 +195,8 @@ local function packed_refund(key, raw, now, sub_us, current, hits, commit)
   if kept_total > 0 then
     local width = 2
     if raw then width = string.byte(raw, 1) end
-    redis.call('SET', key, packed_build(width, newest, kept_total, kept_last, kept))
-    redis.call('PEXPIREAT', key, expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
+    redis.call('SET', key, packed_build(width, newest, kept_total, kept_last, kept), 'PXAT',
+      expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
   elseif raw then
     redis.call('DEL', key)
   end

@@ -23,20 +23,16 @@
 -- TTL: until the newest sub-window holding hits leaves the window, (l + SLOTS) * sub_window_us;
 -- set when `l` moves, so a call within the same sub-window writes no TTL.
 
-local function index_name(index)
-  return string.format('%.0f', index)
-end
-
 -- The state at sub-window `current`: total, the sub-window hits go to (newest), its count, the
 -- newest sub-window holding hits (l, 0 when none), and the fields that left the window (to be
 -- deleted by a write; nothing is written here).
 local function hash_load(key, current)
-  local stored = redis.call('HMGET', key, 't', 'n', 'l', index_name(current))
+  local stored = redis.call('HMGET', key, 't', 'n', 'l', current)
   local total, n, last = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
   if n == nil then return 0, current, 0, 0, nil end
   if current == n then return total, n, tonumber(stored[4]) or 0, last, nil end
   if current < n then
-    return total, n, tonumber(redis.call('HGET', key, index_name(n))) or 0, last, nil
+    return total, n, tonumber(redis.call('HGET', key, n)) or 0, last, nil
   end
   if current - n >= SLOTS then
     -- Every sub-window has left: the key goes as a whole.
@@ -44,7 +40,7 @@ local function hash_load(key, current)
   end
   -- Sub-windows n - SUB_WINDOWS .. current - SLOTS leave.
   local leaving = {}
-  for index = n - SUB_WINDOWS, current - SLOTS do leaving[#leaving + 1] = index_name(index) end
+  for index = n - SUB_WINDOWS, current - SLOTS do leaving[#leaving + 1] = index end
   if #leaving > 0 then
     local counts = redis.call('HMGET', key, unpack(leaving))
     for i = 1, #counts do total = total - (tonumber(counts[i]) or 0) end
@@ -143,8 +139,8 @@ local function hash_flush(key, s, now, sub_us)
   elseif s.leaving ~= nil and #s.leaving > 0 then
     redis.call('HDEL', key, unpack(s.leaving))
   end
-  redis.call('HSET', key, index_name(s.newest), index_name(s.count), 't', index_name(s.total),
-    'n', index_name(s.newest), 'l', index_name(s.newest))
+  redis.call('HSET', key, s.newest, s.count, 't', s.total,
+    'n', s.newest, 'l', s.newest)
   if s.loaded_last ~= s.newest then
     redis.call('PEXPIREAT', key, expire_at_ms(now, (s.newest + SLOTS) * sub_us - now))
   end
@@ -185,15 +181,15 @@ local function hash_refund(key, now, sub_us, current, hits, commit)
   local fields, kept_total, kept_last = {}, 0, 0
   for i = 1, #live, 2 do
     if live[i + 1] > 0 then
-      fields[#fields + 1] = index_name(live[i])
-      fields[#fields + 1] = index_name(live[i + 1])
+      fields[#fields + 1] = live[i]
+      fields[#fields + 1] = live[i + 1]
       kept_total = kept_total + live[i + 1]
       if live[i] > kept_last then kept_last = live[i] end
     end
   end
   if kept_total > 0 then
-    redis.call('HSET', key, 't', index_name(kept_total), 'n', index_name(newest),
-      'l', index_name(kept_last), unpack(fields))
+    redis.call('HSET', key, 't', kept_total, 'n', newest,
+      'l', kept_last, unpack(fields))
     redis.call('PEXPIREAT', key, expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
   end
   return reply(1, now, kept_total, kept_last)

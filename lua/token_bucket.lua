@@ -25,8 +25,7 @@ end
 -- keep: kept at least until then (RLQS grants claim part of the bucket: check_claimed reads
 -- its TAT past full), or nil.
 local function bucket_store(key, now, requests, tat, frac, keep)
-  redis.call('HSET', key, 't', string.format('%.0f', tat), 'f', string.format('%.0f', frac),
-    'r', string.format('%.0f', requests))
+  redis.call('HSET', key, 't', tat, 'f', frac, 'r', requests)
   local ttl_us = tat - now
   if frac > 0 then ttl_us = ttl_us + 1 end
   if keep ~= nil and keep - now > ttl_us then ttl_us = keep - now end
