@@ -233,7 +233,10 @@ fn main() {
     }
     // Alternating blocks: four per row beside another script (`--blocks N`), one alone.
     let blocks = match args.iter().position(|a| a == "--blocks") {
-        Some(i) => args.get(i + 1).and_then(|n| n.parse().ok()).expect("--blocks N"),
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|n| n.parse().ok())
+            .expect("--blocks N"),
         None if scripts.len() > 1 => 4,
         None => 1,
     };

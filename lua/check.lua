@@ -28,13 +28,14 @@
 --       a call's keys live in several slots);
 --   its number of keys;
 --   for each of its keys, seven numbers: the operation (1 sliding, 2 bucket, 3 fixed, 6
---       concurrency; 11, 12, 13, 16 the same algorithms' refunds (16: slots released); 21, 22, 23 their post-paid charges: hits already consumed, recorded
---       even when they do not fit, the reply still saying whether they did; 5, 15, 25 the
---       sliding window's 1, 11, 21 whose new keys are made as hashes, 0.1.0's layout; 4 a
---       blocked descriptor, refused; 1, 2, 3, 5, 22 plus 100 plus 1000 times the window in
---       milliseconds: the charge counts the RLQS grants' claims on its descriptor, claims.lua,
---       and its reply ends with one more number, 0 when no gateway holds any of it, else 1 +
---       what they claim), five numbers whose meaning is the operation's (see `run`), and where
+--       concurrency; 11, 12, 13, 16 the same algorithms' refunds (16: slots released); 21, 22,
+--       23 their post-paid charges: hits already consumed, recorded even when they do not fit,
+--       the reply still saying whether they did; 5, 15, 25 the sliding window's 1, 11, 21 whose
+--       new keys are made as hashes, 0.1.0's layout; 4 a blocked descriptor, refused; 1, 2, 3,
+--       5, 21, 22, 23, 25 plus 100 plus 1000 times the window in milliseconds: the charge
+--       counts the RLQS grants' claims on its descriptor, claims.lua, and its reply ends with
+--       one more number, 0 when no gateway holds any of it, else 1 + what they claim), five
+--       numbers whose meaning is the operation's (see `run`), and where
 --       its key is in KEYS (or in the carried keys), from 1.
 -- Returns numbers, as one binary string of big-endian 64-bit integers when every key was decided,
 -- else as an array of integers and strings: the node's clock in microseconds when the script
@@ -192,9 +193,9 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
     local list = claims_on(key, now)
     held = 0
     if list then
-      local algorithm = op
-      if op == 5 then algorithm = 1 end
-      if op == 22 then algorithm = 2 end
+      -- 1 sliding (5, 21, 25 too), 2 bucket (22), 3 fixed (23).
+      local algorithm = op % 20
+      if algorithm == 5 then algorithm = 1 end
       local claimed = claimed_of(list, algorithm, window, now)
       held = claimed + 1
       if algorithm == 2 then

@@ -107,7 +107,8 @@ pub fn apply_claimed(
 
 /// `charge_post_paid` beside RLQS grants that claim `claimed` requests: a bucket's charge is
 /// recorded in the frame its claims are counted in (`token_bucket::record_claimed`); a window's
-/// as it is.
+/// is recorded whole, and answered on its limit less the claims (whether the hits fit beside
+/// them: in the Go drop-in mode every RLS call is such a charge, and its answer admits).
 pub fn charge_post_paid_claimed(
     state: &mut State,
     now_us: u64,
@@ -115,8 +116,11 @@ pub fn charge_post_paid_claimed(
     hits: u64,
     claimed: u64,
 ) -> Outcome {
-    if claimed == 0 || limit.algorithm != Algorithm::TokenBucket || limit.requests == 0 {
+    if claimed == 0 || limit.requests == 0 {
         return charge_post_paid(state, now_us, limit, hits);
+    }
+    if limit.algorithm != Algorithm::TokenBucket {
+        return charge_post_paid(state, now_us, &less(limit, claimed), hits);
     }
     let hits = hits.min(u64::from(u32::MAX));
     let outcome = apply_claimed(state, now_us, limit, hits, claimed);

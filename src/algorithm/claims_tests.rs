@@ -79,6 +79,40 @@ fn claims_round_up_and_come_off_the_limit() {
     assert_eq!(less(&bucket, 5), bucket);
 }
 
+/// A window's post-paid charge (the Go drop-in mode's every RLS call) beside a claim: recorded
+/// whole, and answered on the limit less the claim. It used to be answered on the whole limit:
+/// a Go-mode replica admitted the rule whole beside a gateway granted all of it.
+#[test]
+fn a_post_paid_charge_is_answered_beside_the_claims() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let second = limit(algorithm, 10, 1);
+        let mut state = State::empty(algorithm);
+        let now = 5 * S;
+        // 6 of 10 claimed: 4 fit, the fifth does not, and is recorded all the same.
+        for n in 1..=4 {
+            let o = charge_post_paid_claimed(&mut state, now, &second, 1, 6);
+            assert!(o.decision.allowed, "{algorithm:?}: call {n}");
+            assert_eq!(o.decision.limit, 4, "{algorithm:?}");
+        }
+        let o = charge_post_paid_claimed(&mut state, now, &second, 1, 6);
+        assert!(
+            !o.decision.allowed,
+            "{algorithm:?}: past the limit less the claim"
+        );
+        // Recorded: without the claim, 5 of 10 are spent.
+        let o = charge_post_paid_claimed(&mut state, now, &second, 5, 0);
+        assert!(o.decision.allowed, "{algorithm:?}");
+        let o = charge_post_paid_claimed(&mut state, now, &second, 1, 0);
+        assert!(!o.decision.allowed, "{algorithm:?}: 11 of 10");
+        // All of it claimed: answered as a zero limit, recorded all the same.
+        let mut state = State::empty(algorithm);
+        let o = charge_post_paid_claimed(&mut state, now, &second, 3, 10);
+        assert!(!o.decision.allowed, "{algorithm:?}");
+        let o = charge_post_paid_claimed(&mut state, now, &second, 8, 0);
+        assert!(!o.decision.allowed, "{algorithm:?}: 3 recorded + 8 > 10");
+    }
+}
+
 /// A gateway that reports into a second RLS spent reserves its part (`share::report`): granted
 /// nothing until the reservation has stood a window, it admits nothing more in that second,
 /// and the next second is shared. (Granting the reservation at once let it admit its part on

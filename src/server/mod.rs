@@ -146,27 +146,24 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
             stopped.clone(),
         ));
     }
-    // RLS checks count the gateways' claims in the store itself, and what they spend on held
-    // descriptors goes to the gateways' shares as RLS demand, every second (`store::limiter`
-    // says on which replicas).
-    if let Some(tally) = &quota.tally {
-        // Once before serving, so that the first RLS checks already count the claims as they
-        // should (or, where no replica serves RLQS, pay nothing for them), and a replica that
-        // serves RLQS starts its flag's clock (`demand`).
-        demand::first_look(quota.store.as_ref(), settings.rlqs.rlqs)
-            .await
-            .map_err(|e| StartError::Settings(e.to_string()))?;
-        tasks.push(demand::spawn(
-            demand::Keeper {
-                quota: quota.store.clone(),
-                tally: tally.clone(),
-                metrics: metrics.clone(),
-                holder: rand::random::<u64>().max(1),
-                serves_rlqs: settings.rlqs.rlqs,
-            },
-            stopped.clone(),
-        ));
-    }
+    // RLS checks count the gateways' claims in the store itself (every replica's, `store::
+    // limiter`), and what they spend on held descriptors goes to the gateways' shares as RLS
+    // demand, every second. Looked at once before serving, so that the first RLS checks already
+    // count the claims as they should (or, where no replica serves RLQS, pay nothing for them),
+    // and a replica that serves RLQS starts its flag's clock (`demand`).
+    demand::first_look(quota.store.as_ref(), settings.rlqs.rlqs)
+        .await
+        .map_err(|e| StartError::Settings(e.to_string()))?;
+    tasks.push(demand::spawn(
+        demand::Keeper {
+            quota: quota.store.clone(),
+            tally: quota.tally.clone(),
+            metrics: metrics.clone(),
+            holder: rand::random::<u64>().max(1),
+            serves_rlqs: settings.rlqs.rlqs,
+        },
+        stopped.clone(),
+    ));
     let limiter = Arc::new(limiter);
     let config = settings.service_config();
     // Runtime scaling: the file (a broken one stops the start-up, like broken rules), then the

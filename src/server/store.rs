@@ -23,29 +23,27 @@ pub(super) struct Quota {
     /// Under `--failure-mode local` on Redis: this replica's own grants while Redis is away
     /// (RLS, counting locally then too, counts their claims).
     pub fallback: Option<Arc<MemoryQuota>>,
-    /// The RLS hits the stores tallied on claimed descriptors (`demand::spawn`); `None` in the Go
-    /// drop-in mode without RLQS.
-    pub tally: Option<Arc<RlsTally>>,
+    /// The RLS hits the stores tallied on claimed descriptors (`demand::spawn`).
+    pub tally: Arc<RlsTally>,
 }
 
 /// The limiter over the store the settings name, and where RLQS grants live: the same Redis
 /// (every replica shares them; its RLS checks count their claims in the script), or this
-/// replica's memory. Every store the limiter counts in counts the claims (but in the Go drop-in
-/// mode without RLQS).
+/// replica's memory. Every store the limiter counts in counts the claims.
 pub(super) fn limiter(
     settings: &Settings,
     clock: &Arc<dyn Clock>,
     metrics: &Arc<Metrics>,
 ) -> Result<(Limiter, Quota), StartError> {
     // Every replica's RLS checks count the gateways' claims, serving RLQS or not (a gateway on
-    // another replica may hold part of a rule): not in the Go drop-in mode, unless it serves
-    // RLQS itself (the Go service has no RLQS).
-    let tally = (settings.env_compat.is_none() || settings.rlqs.rlqs)
-        .then(|| Arc::new(RlsTally::default()));
+    // another replica may hold part of a rule), the Go drop-in mode's too: the Go service has no
+    // RLQS, but a replica in its mode may share a Redis with replicas that serve it (a
+    // migration), and where none does it pays one look a second.
+    let tally = Arc::new(RlsTally::default());
     // A memory store's RLS checks count the claims of `quota` (this replica's grants).
     let memory = |quota: Option<&Arc<MemoryQuota>>| {
         let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
-        if let (Some(quota), Some(tally)) = (quota, &tally) {
+        if let Some(quota) = quota {
             store.count_claims(MemoryClaims {
                 quota: quota.clone(),
                 tally: tally.clone(),
@@ -89,9 +87,7 @@ pub(super) fn limiter(
                 .map_err(|e| StartError::Settings(e.to_string()))?
                 .with_sliding_layout(settings.redis_sliding_layout);
             spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
-            if let Some(tally) = &tally {
-                store.count_claims(tally.clone(), settings.rlqs.rlqs);
-            }
+            store.count_claims(tally.clone(), settings.rlqs.rlqs);
             let own_grants = (settings.failure_mode == FailureMode::Local)
                 .then(|| Arc::new(MemoryQuota::new(clock.clone())));
             let quota = Quota {
@@ -124,7 +120,7 @@ pub(super) fn limiter(
             };
             (
                 Limiter::with_policy(store, config, fallback, metrics.clone())
-                    .with_tally(tally.clone()),
+                    .with_tally(Some(tally.clone())),
                 quota,
             )
         }

@@ -177,17 +177,13 @@ pub struct MemoryClaims {
 
 impl MemoryClaims {
     /// What gateways hold of each check's counter at `now_us` (`algorithm::run_claimed` counts
-    /// it); `None` when no check's is held. Refunds, a window's post-paid charges (recorded
-    /// whatever the limit) and slots (not a rate) count no claim; a bucket's post-paid charge is
+    /// it); `None` when no check's is held. Refunds and slots (not a rate) count no claim; a
+    /// window's post-paid charge is recorded whole and answered beside the claims, a bucket's is
     /// recorded in the frame its claims are counted in.
     pub fn claimed_by_checks(&self, checks: &[Check], now_us: u64) -> Option<Vec<Claimed>> {
         let mut held: Option<Vec<Claimed>> = None;
         for (i, check) in checks.iter().enumerate() {
-            let bucket = check.limit.algorithm == crate::algorithm::Algorithm::TokenBucket;
-            if check.refund
-                || (check.post_paid && !bucket)
-                || check.limit.algorithm == crate::algorithm::Algorithm::Concurrency
-            {
+            if check.refund || check.limit.algorithm == crate::algorithm::Algorithm::Concurrency {
                 continue;
             }
             let Some(found) = self.quota.claims_on(&check.key, &check.limit, now_us) else {

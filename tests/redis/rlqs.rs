@@ -406,6 +406,51 @@ async fn a_replica_without_rlqs_counts_claims_from_the_first_grant_and_while_the
     b.stop().await;
 }
 
+/// A replica in the Go drop-in mode (which serves no RLQS) beside one that serves it, on one
+/// Redis and key prefix: its RLS checks count the gateways' claims, and its calls are RLS
+/// demand, as any replica's. They used not to (no claims were counted in the Go mode without
+/// RLQS), and it admitted the whole rule beside a gateway granted the whole rule: twice the
+/// limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_in_the_go_mode_counts_the_grants_claims() {
+    use portcullis::pb::rate_limit_response::Code;
+    let redis = RedisServer::start();
+    let go = replica(|s| {
+        redis_settings(s, &redis);
+        s.rlqs.rlqs = false;
+        s.env_compat = Some("go".into());
+    })
+    .await;
+    let a = replica(|s| redis_settings(s, &redis)).await;
+    let tenant: &[(&str, &str)] = &[("tenant", "go")];
+    let mut gateway = Gateway::open(&a).await;
+    let first = assigned(&gateway.report("edge", &[(tenant, 30, 0)]).await.unwrap()[0]);
+    assert!(tokens_per_second(&first) >= 9.0, "{first}");
+    let refused = go.ok(common::request("edge", &[tenant])).await;
+    assert_eq!(
+        refused.overall_code,
+        Code::OverLimit as i32,
+        "the Go-mode replica admitted beside the gateway's grant of the whole rule ({first})"
+    );
+    // Its calls are RLS demand (pushed within a second): the gateway's next shares leave it a
+    // part of the rate.
+    let started = std::time::Instant::now();
+    loop {
+        go.ok(common::request("edge", &[tenant])).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = assigned(&gateway.report("edge", &[(tenant, 1, 0)]).await.unwrap()[0]);
+        if tokens_per_second(&now) < 9.0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the Go-mode replica's calls never reached the gateway's share: {now}"
+        );
+    }
+    a.stop().await;
+    go.stop().await;
+}
+
 /// Two replicas with `settings`, each with a gateway's stream, sharing one rule; and RLS through
 /// one beside RLQS through the other; then pushes between them.
 async fn two_replicas_on(settings: impl Fn(&mut portcullis::settings::Settings) + Copy) {

@@ -102,9 +102,10 @@ impl RedisStore {
         if held == 0 {
             return script::decision(check, &reply, charged);
         }
-        // Demand is what RLS asks at its checks; a cost recorded after the fact (a report's
-        // charge among them) is not.
-        if !check.post_paid {
+        // Demand is what RLS asks at its checks; a report's charge (post-paid, on a replica that
+        // serves RLQS) is not. On one that does not, a post-paid charge is RLS's own: the Go
+        // drop-in mode's every call, a cost recorded after the fact.
+        if !check.post_paid || !self.claims.serves.load(Ordering::Relaxed) {
             tally.note(&check.key, check.hits, check.limit.per_second());
         }
         // A bucket's reply is the bucket as the claims leave it (`check_claimed`): read at its

@@ -72,12 +72,11 @@ pub fn prefer_hash_layout(args: &mut [i64]) {
 
 /// Whether `check`, on a store whose RLS checks count the RLQS grants' claims, is sent as a
 /// charge that counts them (`count_claims`; its reply then ends with one more number): charges
-/// of a window or a bucket, and a bucket's post-paid charges (recorded in the frame its claims
-/// are counted in: `token_bucket::record_claimed`). Refunds, a window's post-paid charges
-/// (recorded whatever the limit) and slots are not.
+/// of a window or a bucket, post-paid ones too (a window's recorded whole and answered beside
+/// the claims, a bucket's recorded in the frame its claims are counted in:
+/// `algorithm::charge_post_paid_claimed`). Refunds and slots are not.
 pub fn counts_claims(check: &Check) -> bool {
     !check.refund
-        && (!check.post_paid || check.limit.algorithm == Algorithm::TokenBucket)
         && check.limit.requests > 0
         && check.limit.window_us >= 1_000
         && matches!(
@@ -96,7 +95,7 @@ pub fn count_claims(args: &mut [i64], checks: &[&Check]) {
             continue;
         }
         if let Some(op) = args.get_mut(4 + i * ARGS_PER_KEY)
-            && matches!(*op, 1 | 2 | 3 | 5 | 22)
+            && matches!(*op, 1 | 2 | 3 | 5 | 21 | 22 | 23 | 25)
         {
             let window_ms = i64::try_from(check.limit.window_us / 1_000).unwrap_or(0);
             *op += CLAIMS_OP + 1_000 * window_ms;
