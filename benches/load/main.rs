@@ -16,6 +16,9 @@
 //!   cargo bench --bench load -- --compare 641ff13=/path/to/old/portcullis
 //!   cargo bench --bench load -- --generator h2load    h2load drives the unpaced rows
 //!   cargo test --bench load                        a short smoke run (checks it works)
+//!   cargo bench --bench load -- --only standalone,replicated,replicated-wait
+//!                                                  + a master with a replica, without and with
+//!                                                  --redis-wait-replicas 1 (named only)
 //!
 //! `--compare LABEL=PATH` (repeatable) runs another build of `portcullis` beside this one, each on
 //! its own store processes, scenario by scenario in turn (this build, then each other, so that a
@@ -165,6 +168,45 @@ fn main() {
                 let args = ["--store", "redis", "--redis-url", &redis.url()].map(String::from);
                 let server = Server::portcullis(binary, &path, &args);
                 (server, vec![redis.port], Box::new(redis))
+            }),
+        ));
+    }
+    // A master with a replica, without and with --redis-wait-replicas 1 (what waiting for a
+    // replica's acknowledgement costs): only when `--only` names them.
+    for (store, label, wait) in [
+        ("replicated", "standalone Redis + replica", false),
+        (
+            "replicated-wait",
+            "standalone Redis + replica, WAIT 1",
+            true,
+        ),
+    ] {
+        if !options.names(store) {
+            continue;
+        }
+        let path = path.clone();
+        stores.push((
+            label,
+            Box::new(move |binary| {
+                let redis = RedisServer::start();
+                let replica = RedisServer::start();
+                cli(
+                    replica.port,
+                    &["REPLICAOF", "127.0.0.1", &redis.port.to_string()],
+                );
+                harness::wait_until("the replica in sync", Duration::from_secs(20), || {
+                    cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up")
+                });
+                let mut args = vec!["--store", "redis", "--redis-url", &redis.url()]
+                    .into_iter()
+                    .map(String::from)
+                    .collect::<Vec<_>>();
+                if wait {
+                    args.extend(["--redis-wait-replicas".into(), "1".into()]);
+                }
+                let server = Server::portcullis(binary, &path, &args);
+                let ports = vec![redis.port, replica.port];
+                (server, ports, Box::new((redis, replica)))
             }),
         ));
     }

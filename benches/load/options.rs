@@ -80,4 +80,11 @@ impl Options {
             .as_ref()
             .is_none_or(|only| only.iter().any(|o| o == store))
     }
+
+    /// Whether `--only` names `store` (the rows not run by default).
+    pub fn names(&self, store: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_some_and(|only| only.iter().any(|o| o == store))
+    }
 }

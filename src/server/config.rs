@@ -177,6 +177,7 @@ pub(super) fn redis_config(settings: &Settings) -> Result<RedisConfig, StartErro
         },
         pool_size: settings.redis_pool_size,
         connect_timeout: settings.redis_connect_timeout,
+        wait_replicas: settings.redis_wait_replicas,
     })
 }
 

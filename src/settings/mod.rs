@@ -208,6 +208,13 @@ pub struct Settings {
         })
     )]
     pub redis_sliding_layout: SlidingLayout,
+    /// Replicas that must have a script call's writes before its answer stands (Redis `WAIT`
+    /// after each call, within its --store-timeout, on every Redis used, a per-second one too):
+    /// a call not acknowledged in time is answered by --failure-mode, so no admitted hit is lost
+    /// at a failover. 0, the default: the master's answer stands, and a failover to a replica
+    /// that was behind admits again what it had not received.
+    #[arg(long, env = "PORTCULLIS_REDIS_WAIT_REPLICAS", default_value_t = 0)]
+    pub redis_wait_replicas: u32,
     /// Prefix of every Redis key, so deployments can share a Redis.
     #[arg(long, env = "PORTCULLIS_KEY_PREFIX", default_value = "portcullis:")]
     pub key_prefix: String,

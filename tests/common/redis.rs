@@ -449,6 +449,7 @@ pub fn plain_config(
         sentinel: Default::default(),
         pool_size,
         connect_timeout: Duration::from_secs(2),
+        wait_replicas: 0,
     }
 }
 

@@ -293,16 +293,27 @@ struct Node {
     set: Arc<ConnectionSet>,
     clock: RedisClock,
     metrics: Arc<Metrics>,
+    /// Replicas that must acknowledge each script call's writes (`send::replicas_acknowledged`);
+    /// 0: none.
+    wait_replicas: u32,
 }
 
 impl Batcher {
     /// Starts the dispatcher over `set`, with at most as many script calls in flight as connections.
-    pub fn spawn(set: Arc<ConnectionSet>, connections: usize, metrics: Arc<Metrics>) -> Batcher {
+    /// Each script call's writes acknowledged by `wait_replicas` replicas before its answers
+    /// stand (0: not asked).
+    pub fn spawn(
+        set: Arc<ConnectionSet>,
+        connections: usize,
+        metrics: Arc<Metrics>,
+        wait_replicas: u32,
+    ) -> Batcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
         let node = Arc::new(Node {
             set,
             clock: RedisClock::default(),
             metrics,
+            wait_replicas,
         });
         tokio::spawn(dispatch(
             node,
@@ -394,7 +405,21 @@ async fn send(node: &Node, jobs: Vec<Job>) {
     match called {
         Ok(Ok(reply)) => {
             live.succeeded();
-            answer(jobs, &reply, &node.clock, &node.metrics);
+            let replicas = node.wait_replicas;
+            let acknowledged = match replicas {
+                0 => Ok(()),
+                _ => {
+                    let conn = &mut conn;
+                    super::send::replicas_acknowledged(replicas, deadline, |wait| async move {
+                        wait.query_async(conn).await
+                    })
+                    .await
+                }
+            };
+            match acknowledged {
+                Ok(()) => answer(jobs, &reply, &node.clock, &node.metrics),
+                Err(e) => fail_all(jobs, e, &node.metrics),
+            }
         }
         Ok(Err(e)) => {
             live.failed(&e);

@@ -32,7 +32,7 @@ pub use super::cluster_map::slot_of;
 use super::cluster_map::{NodeMap, keep_node_map};
 use super::errors::{classify, did_not_run, is_tryagain};
 use super::script::KeyReply;
-use super::send::{Spread, eval_on_cluster};
+use super::send::{Route, Spread, eval_on_cluster};
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
 
@@ -57,7 +57,12 @@ struct Lane {
 }
 
 impl NodeBatcher {
-    pub fn spawn(cluster: ClusterConnection, metrics: Arc<Metrics>) -> NodeBatcher {
+    /// `wait_replicas`: replicas that must acknowledge each script call's writes (0: none).
+    pub fn spawn(
+        cluster: ClusterConnection,
+        metrics: Arc<Metrics>,
+        wait_replicas: u32,
+    ) -> NodeBatcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
         let (maps, map) = watch::channel(None);
         let stale = Arc::new(Notify::new());
@@ -66,6 +71,7 @@ impl NodeBatcher {
             cluster,
             stale,
             metrics,
+            wait_replicas,
         };
         tokio::spawn(dispatch(shared, queue, map.clone()));
         NodeBatcher { jobs, map }
@@ -106,6 +112,9 @@ struct Shared {
     /// Told when a batch found the node map stale.
     stale: Arc<Notify>,
     metrics: Arc<Metrics>,
+    /// Replicas that must acknowledge each script call's writes (`send::replicas_acknowledged`);
+    /// 0: none.
+    wait_replicas: u32,
 }
 
 async fn dispatch(
@@ -204,6 +213,26 @@ impl Drop for LaneFreed {
     }
 }
 
+/// Whether the replicas asked for acknowledged what the node that ran a script call (`ran`, with
+/// its first key) wrote last on this connection (`send::replicas_acknowledged`; 0 asked:
+/// nothing sent).
+async fn replicated(
+    shared: &Shared,
+    ran: &Route,
+    key: &str,
+    deadline: Instant,
+) -> Result<(), StoreError> {
+    if shared.wait_replicas == 0 {
+        return Ok(());
+    }
+    let to = ran.node_of(key);
+    let mut conn = shared.cluster.clone();
+    super::send::replicas_acknowledged(shared.wait_replicas, deadline, |wait| async move {
+        conn.route_command(wait, to).await
+    })
+    .await
+}
+
 /// One script call for `jobs`; every job gets its replies, or the call's error. A batch that
 /// comes back unrun (a slot half migrated, or moved since the node map was read) goes again as
 /// its calls, one script call each.
@@ -249,7 +278,10 @@ async fn send(shared: &Shared, jobs: Vec<(u16, Job)>, clock: &RedisClock) {
             });
             futures_util::future::join_all(singles).await;
         }
-        Ok(Ok(reply)) => answer(jobs, &reply, clock, &shared.metrics),
+        Ok(Ok((reply, ran))) => match replicated(shared, &ran, &keys[0], deadline).await {
+            Ok(()) => answer(jobs, &reply, clock, &shared.metrics),
+            Err(e) => fail_all(jobs, e, &shared.metrics),
+        },
         Ok(Err(e)) => fail_all(jobs, classify(&e), &shared.metrics),
         Err(_) => fail_all(jobs, StoreError::Timeout(budget), &shared.metrics),
     }

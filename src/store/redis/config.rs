@@ -51,6 +51,9 @@ pub struct RedisConfig {
     pub pool_size: u32,
     /// Bound on setting up one connection (DNS, TCP, TLS, AUTH/HELLO, Sentinel lookup).
     pub connect_timeout: Duration,
+    /// Replicas that must acknowledge a script call's writes (`WAIT`) before its answers stand;
+    /// 0: none asked.
+    pub wait_replicas: u32,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -82,6 +85,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("sentinel_password", &redacted(&self.sentinel.password))
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
+            .field("wait_replicas", &self.wait_replicas)
             .finish()
     }
 }
@@ -187,6 +191,7 @@ mod tests {
             },
             pool_size: 1,
             connect_timeout: Duration::from_secs(2),
+            wait_replicas: 0,
         };
         let shown = format!("{config:?}");
         assert!(!shown.contains("hunter2"), "{shown}");

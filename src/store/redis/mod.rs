@@ -60,9 +60,8 @@ pub struct RedisStore {
     /// For the failures the quota path logs and counts itself (the contested feed).
     metrics: Arc<Metrics>,
     quota_log: Arc<crate::telemetry::LogThrottle>,
-    /// Set but in the Go drop-in mode without RLQS: its RLS charges count the grants' claims (read by the script from
-    /// the holder table in the counters' slot), and their hits on claimed descriptors are
-    /// tallied here as RLS demand.
+    /// Its RLS charges count the grants' claims (read by the script from the holder table in the
+    /// counters' slot), and their hits on claimed descriptors are tallied here as RLS demand.
     claims: Arc<claims::ClaimsSwitch>,
 }
 
@@ -80,6 +79,7 @@ impl RedisStore {
                 set.clone(),
                 config.pool_size.max(1) as usize,
                 metrics.clone(),
+                config.wait_replicas,
             )),
             Backend::Cluster(_) => None,
         };
@@ -87,6 +87,7 @@ impl RedisStore {
             Backend::Cluster(cluster) => Some(cluster_batch::NodeBatcher::spawn(
                 cluster.clone(),
                 metrics.clone(),
+                config.wait_replicas,
             )),
             Backend::Pool(_) => None,
         };

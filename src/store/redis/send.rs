@@ -1,7 +1,8 @@
 //! Sending the decision script: EVALSHA, and EVAL where a node does not have it cached, by slot or
-//! to the node a Cluster redirection named. It must never send a script twice itself: whether a
-//! failed send may be sent again is decided by `errors::did_not_run`: `eval_on_cluster` follows
-//! MOVED and ASK and waits out TRYAGAIN and failovers, and nothing else.
+//! to the node a Cluster redirection named; and, where replicas must have a call's writes, the
+//! `WAIT` after it. It must never send a script twice itself: whether a failed send may be sent
+//! again is decided by `errors::did_not_run`: `eval_on_cluster` follows MOVED and ASK and waits
+//! out TRYAGAIN and failovers, and nothing else.
 
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -96,6 +97,67 @@ pub(super) async fn run_empty<C: redis::aio::ConnectionLike + RoutedConn>(
         .map(drop)
 }
 
+/// Whether `replicas` acknowledged a script call's writes by `deadline`: `send` sends the `WAIT`
+/// it is given on the connection the call was sent on, right after it (Redis counts a client's
+/// last write, so it covers the call's). Fewer than asked, or no answer in time (Redis ends a
+/// WAIT on its own timer's tick, up to a tenth of a second late, so the wait is bounded here
+/// too, a little before the deadline, for the callers to get this error rather than their own
+/// timeout): the call's answers must not stand (its hits are on the master, and a failover
+/// to a replica that has not got them would admit them again): unavailable, for the failure
+/// mode to answer.
+pub(super) async fn replicas_acknowledged<F>(
+    replicas: u32,
+    deadline: tokio::time::Instant,
+    send: impl FnOnce(redis::Cmd) -> F,
+) -> Result<(), crate::store::StoreError>
+where
+    F: std::future::Future<Output = Result<Value, RedisError>>,
+{
+    use crate::store::StoreError;
+    const MS: Duration = Duration::from_millis(1);
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    // Past the timer's resolution (a millisecond), for this error to reach the callers first.
+    let within = left.saturating_sub((left / 10).max(2 * MS)).max(MS);
+    let ms = u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1);
+    let mut wait = redis::cmd("WAIT");
+    wait.arg(replicas).arg(ms);
+    let got = match tokio::time::timeout(within, send(wait)).await {
+        Ok(Ok(Value::Int(n))) if n >= i64::from(replicas) => return Ok(()),
+        Ok(Ok(Value::Int(n))) => n.to_string(),
+        Ok(Ok(other)) => {
+            return Err(StoreError::Protocol(format!(
+                "WAIT answered {other:?}, not a count of replicas"
+            )));
+        }
+        Ok(Err(e)) => return Err(super::errors::classify(&e)),
+        Err(_) => "no answer in time: fewer".to_owned(),
+    };
+    Err(StoreError::Unavailable(format!(
+        "WAIT: {got} of the {replicas} replicas asked for acknowledged the call's writes within \
+         {ms} ms (--redis-wait-replicas): its answers do not stand, as its hits could be lost at \
+         a failover"
+    )))
+}
+
+impl Route {
+    /// Where a keyless command goes to reach the node this route reached with `key`'s call.
+    pub(super) fn node_of(&self, key: &str) -> RoutingInfo {
+        use redis::cluster_routing::SlotAddr;
+        RoutingInfo::SingleNode(match self {
+            Route::BySlot => {
+                SingleNodeRoutingInfo::SpecificNode(redis::cluster_routing::Route::new(
+                    super::cluster_map::slot_of(key),
+                    SlotAddr::Master,
+                ))
+            }
+            Route::Moved(host, port) | Route::Ask(host, port) => SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            },
+        })
+    }
+}
+
 /// Sending a command by slot, or to a named node on Cluster.
 pub(super) trait RoutedConn {
     async fn send_routed(&mut self, cmd: redis::Cmd, route: &Route) -> Result<Value, RedisError>;
@@ -159,12 +221,15 @@ pub(crate) enum Spread {
 /// migrate together more often than a whole batch's); a batch over several slots of one node
 /// comes back at the first error that says the script did not run (a slot moved since the node
 /// map was read): a redirection names one slot's node, not the batch's.
+///
+/// With the reply, where the script ran (for the `WAIT` after it: the node a redirection named,
+/// else the first key's slot).
 pub(super) async fn eval_on_cluster(
     conn: &mut redis::cluster_async::ClusterConnection,
     keys: &[String],
     args: &[i64],
     spread: Spread,
-) -> Result<Value, RedisError> {
+) -> Result<(Value, Route), RedisError> {
     let mut route = Route::BySlot;
     let mut attempt = 1;
     let cross_slot = spread == Spread::SeveralSlots;
@@ -184,7 +249,7 @@ pub(super) async fn eval_on_cluster(
                 };
                 attempt += 1;
             }
-            other => return other,
+            other => return other.map(|value| (value, route)),
         }
     }
 }
