@@ -366,11 +366,16 @@ pub struct RedisSentinel {
 impl RedisSentinel {
     pub fn start() -> RedisSentinel {
         let master = RedisServer::start();
+        let port = master.port;
+        Self::start_with_link(master, port, 1_000)
+    }
+
+    /// Around `master`, known to the replica and the sentinels at `link` (its port, or a proxy's
+    /// in front of it: Sentinel would move a replica that replicates from an address other than
+    /// the one it monitors), the master judged down after `down_after_ms`.
+    pub fn start_with_link(master: RedisServer, link: u16, down_after_ms: u64) -> RedisSentinel {
         let replica = RedisServer::start_with(&[]);
-        cli(
-            replica.port,
-            &["REPLICAOF", "127.0.0.1", &master.port.to_string()],
-        );
+        cli(replica.port, &["REPLICAOF", "127.0.0.1", &link.to_string()]);
         let sentinels = (0..3)
             .map(|_| {
                 require_redis();
@@ -380,10 +385,9 @@ impl RedisSentinel {
                 std::fs::write(
                     &conf,
                     format!(
-                        "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {} 2\n\
-                         sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n",
+                        "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {link} 2\n\
+                         sentinel down-after-milliseconds mymaster {down_after_ms}\nsentinel failover-timeout mymaster 5000\n",
                         dir.display(),
-                        master.port
                     ),
                 )
                 .expect("write sentinel.conf");
@@ -410,7 +414,7 @@ impl RedisSentinel {
             replica,
             sentinels,
         };
-        let master_port = setup.master.port.to_string();
+        let master_port = link.to_string();
         let first = setup.sentinels[0].port;
         wait_until(
             "sentinel to know the master",

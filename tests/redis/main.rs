@@ -14,6 +14,7 @@ mod connections;
 mod deny_cache;
 mod errors;
 mod failover;
+mod failover_promoted;
 mod go_compat;
 mod late_charges;
 mod layered;

@@ -1,0 +1,231 @@
+//! What a failover costs when the replica is promoted by Sentinel and by Cluster themselves
+//! (issue 45 item 3): the replica held behind by a partition of its link while hits are admitted
+//! at the limit, the master killed, its replica promoted, and a store following the topology
+//! counting what the promoted node admits on the spent descriptor: exactly the hits it had not
+//! received. Split from failover.rs (the manual promotion and --redis-wait-replicas).
+
+use crate::common;
+
+use std::time::Duration;
+
+use crate::common::redis::{RedisCluster, RedisServer, cli};
+use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
+use portcullis::store::RedisStore;
+use portcullis::store::StoreError;
+use portcullis::store::redis::{ScriptClock, Topology};
+
+/// The limit every measure spends: 60 an hour, so no window ends during a test.
+const LIMIT: u64 = 60;
+
+fn spent_check(name: &str) -> Check {
+    let limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        requests: LIMIT,
+        window_us: 3_600_000_000,
+        burst: LIMIT,
+    };
+    Check {
+        key: key::counter_key(name, [("user", "u")], &limit, None),
+        limit,
+        hits: 1,
+        refund: false,
+        post_paid: false,
+    }
+}
+
+/// One hit of `check` through `store` on Redis' clock, within half a second.
+async fn decide(store: RedisStore, check: Check) -> Result<bool, StoreError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    let answer = store
+        .check_with_clock(
+            std::slice::from_ref(&check),
+            ScriptClock::RedisTime,
+            deadline,
+            ChargeMode::EachAlone,
+        )
+        .await;
+    answer[0].clone().map(|d| d.allowed)
+}
+
+/// The same measure with Sentinel's own promotion (issue 45 item 3): the replica held behind by
+/// a partition of its link while `lag` hits are admitted at the limit, the master killed, the
+/// sentinels promoting the replica, and a store that follows Sentinel counting what the new
+/// master admits on the spent descriptor: exactly the hits the replica had not received. The
+/// sentinels know the master through the same proxy as the replica (Sentinel moves a replica
+/// that replicates from another address than the one it monitors), so the partition hides the
+/// master from them too: they are told to fail over (`SENTINEL FAILOVER`, their own promotion
+/// without waiting out `down-after`, set long so that the partition alone starts none). The hits
+/// go to the master directly meanwhile. The suite runs one lag; `FAILOVER_LAGS=0,1,25` runs
+/// others (RELIABILITY.md has their figures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_admits_again_exactly_the_hits_the_replica_had_not_received() {
+    for lag in lags() {
+        let again = admitted_again_after_a_sentinel_failover(lag).await;
+        eprintln!("Sentinel failover with {lag} hits not yet replicated: {again} admitted again");
+        assert_eq!(again, lag, "over-admission at a lag of {lag} hits");
+    }
+}
+
+async fn admitted_again_after_a_sentinel_failover(lag: u64) -> u64 {
+    let master = RedisServer::start();
+    let link = common::proxy::Proxy::start(master.port).await;
+    let master_url = master.url();
+    let mut setup = common::redis::RedisSentinel::start_with_link(master, link.port, 60_000);
+    let check = spent_check("sentinel-failover");
+    let decide = |store: RedisStore| decide(store, check.clone());
+    let direct = common::redis::connected_store(Topology::Standalone(master_url), "s:").await;
+    let replica = setup.replica.port;
+    common::redis::wait_until("the replica in sync", Duration::from_secs(10), || {
+        cli(replica, &["INFO", "replication"]).contains("master_link_status:up")
+    });
+    for _ in 0..LIMIT - lag {
+        assert!(decide(direct.clone()).await.expect("decided"));
+    }
+    let stored = format!("s:{}", check.key);
+    let replicated = (LIMIT - lag).to_string();
+    common::redis::wait_until("the hits replicated", Duration::from_secs(10), || {
+        cli(replica, &["HGET", &stored, "c"]) == replicated
+    });
+    // Held behind: the last `lag` hits reach the master only.
+    link.partition(true);
+    for _ in 0..lag {
+        assert!(decide(direct.clone()).await.expect("decided"));
+    }
+    assert!(
+        !decide(direct).await.expect("decided"),
+        "spent on the master"
+    );
+    setup.master.kill();
+    let first = setup.sentinels[0].port;
+    assert_eq!(cli(first, &["SENTINEL", "FAILOVER", "mymaster"]), "OK");
+    let promoted = replica.to_string();
+    common::redis::wait_until("the sentinels' promotion", Duration::from_secs(30), || {
+        cli(first, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]).contains(&promoted)
+            && cli(replica, &["INFO", "replication"]).contains("role:master")
+    });
+    let store = common::redis::connected_store(
+        Topology::Sentinel {
+            sentinels: setup.sentinel_addrs(),
+            master: "mymaster".into(),
+        },
+        "s:",
+    )
+    .await;
+    let mut again = 0;
+    while decide(store.clone())
+        .await
+        .expect("the promoted master decides")
+    {
+        again += 1;
+        assert!(again <= LIMIT, "the promoted master admits without end");
+    }
+    again
+}
+
+/// The same measure with Cluster's own promotion: the master of the descriptor's slot announces
+/// itself at a proxy (`cluster-announce-port`; its bus stays direct, so failure detection and the
+/// election run as ever), its replica follows it there and is held behind by a partition while
+/// `lag` hits reach the master directly; the master is killed, its replica elected in its place,
+/// and a Cluster store counts what the promoted node admits again: exactly the lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_admits_again_exactly_the_hits_the_replica_had_not_received() {
+    for lag in lags() {
+        let again = admitted_again_after_a_cluster_failover(lag).await;
+        eprintln!("Cluster failover with {lag} hits not yet replicated: {again} admitted again");
+        assert_eq!(again, lag, "over-admission at a lag of {lag} hits");
+    }
+}
+
+/// The lags a run measures: `FAILOVER_LAGS` (e.g. `0,1,25`), else 5.
+fn lags() -> Vec<u64> {
+    std::env::var("FAILOVER_LAGS")
+        .unwrap_or_else(|_| "5".into())
+        .split(',')
+        .map(|l| l.trim().parse().expect("FAILOVER_LAGS: numbers"))
+        .collect()
+}
+
+async fn admitted_again_after_a_cluster_failover(lag: u64) -> u64 {
+    let mut cluster = RedisCluster::start();
+    let check = spent_check("cluster-failover");
+    let stored = format!("c:{}", check.key);
+    let master = cluster.master_of(&stored);
+    let id = cli(master, &["CLUSTER", "MYID"]);
+    let replica: u16 = cli(master, &["CLUSTER", "NODES"])
+        .lines()
+        .find(|l| l.contains("slave") && l.contains(&id))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|a| a.split(['@', ':']).nth(1))
+        .and_then(|p| p.parse().ok())
+        .expect("the master's replica");
+    let link = common::proxy::Proxy::start(master).await;
+    let bus = (master + 10_000).to_string();
+    cli(
+        master,
+        &["CONFIG", "SET", "cluster-announce-bus-port", &bus],
+    );
+    cli(
+        master,
+        &[
+            "CONFIG",
+            "SET",
+            "cluster-announce-port",
+            &link.port.to_string(),
+        ],
+    );
+    let via = format!("master_port:{}", link.port);
+    common::redis::wait_until(
+        "the replica through the proxy",
+        Duration::from_secs(20),
+        || {
+            let info = cli(replica, &["INFO", "replication"]);
+            info.contains(&via) && info.contains("master_link_status:up")
+        },
+    );
+    let decide = |store: RedisStore| decide(store, check.clone());
+    // The hits go to the master directly (it serves its own slots to any client).
+    let direct = common::redis::connected_store(
+        Topology::Standalone(format!("redis://127.0.0.1:{master}")),
+        "c:",
+    )
+    .await;
+    for _ in 0..LIMIT - lag {
+        assert!(decide(direct.clone()).await.expect("decided"));
+    }
+    // Replicated: the replica's offset, as the master sees it, is the master's.
+    common::redis::wait_until("the hits replicated", Duration::from_secs(10), || {
+        let info = cli(master, &["INFO", "replication"]);
+        let offset = info
+            .lines()
+            .find_map(|l| l.strip_prefix("master_repl_offset:"))
+            .unwrap_or("?")
+            .trim()
+            .to_owned();
+        info.lines()
+            .any(|l| l.starts_with("slave0:") && l.contains(&format!("offset={offset},")))
+    });
+    link.partition(true);
+    for _ in 0..lag {
+        assert!(decide(direct.clone()).await.expect("decided"));
+    }
+    assert!(
+        !decide(direct).await.expect("decided"),
+        "spent on the master"
+    );
+    cluster.node_mut(master).kill();
+    common::redis::wait_until("the replica elected", Duration::from_secs(30), || {
+        cli(replica, &["INFO", "replication"]).contains("role:master")
+            && cli(replica, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
+    });
+    let seeds = vec![format!("127.0.0.1:{replica}")];
+    let store = common::redis::connected_store(Topology::Cluster(seeds), "c:").await;
+    let mut again = 0;
+    while decide(store.clone())
+        .await
+        .expect("the promoted master decides")
+    {
+        again += 1;
+        assert!(again <= LIMIT, "the promoted master admits without end");
+    }
+    again
+}
