@@ -33,9 +33,9 @@ fn spent_check(name: &str) -> Check {
     }
 }
 
-/// One hit of `check` through `store` on Redis' clock, within half a second.
+/// One hit of `check` through `store` on Redis' clock, within two seconds (a loaded machine).
 async fn decide(store: RedisStore, check: Check) -> Result<bool, StoreError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
     let answer = store
         .check_with_clock(
             std::slice::from_ref(&check),
