@@ -33,6 +33,19 @@ fn spent_check(name: &str) -> Check {
     }
 }
 
+/// How many hits of `check` the promoted master admits before it refuses one (at most the limit).
+async fn admitted_until_refused(store: RedisStore, check: Check) -> u64 {
+    let mut again = 0;
+    while decide(store.clone(), check.clone())
+        .await
+        .expect("the promoted master decides")
+    {
+        again += 1;
+        assert!(again <= LIMIT, "the promoted master admits without end");
+    }
+    again
+}
+
 /// One hit of `check` through `store` on Redis' clock, within two seconds (a loaded machine).
 async fn decide(store: RedisStore, check: Check) -> Result<bool, StoreError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -111,15 +124,7 @@ async fn admitted_again_after_a_sentinel_failover(lag: u64) -> u64 {
         "s:",
     )
     .await;
-    let mut again = 0;
-    while decide(store.clone())
-        .await
-        .expect("the promoted master decides")
-    {
-        again += 1;
-        assert!(again <= LIMIT, "the promoted master admits without end");
-    }
-    again
+    admitted_until_refused(store, check).await
 }
 
 /// The same measure with Cluster's own promotion: the master of the descriptor's slot announces
@@ -219,13 +224,5 @@ async fn admitted_again_after_a_cluster_failover(lag: u64) -> u64 {
     });
     let seeds = vec![format!("127.0.0.1:{replica}")];
     let store = common::redis::connected_store(Topology::Cluster(seeds), "c:").await;
-    let mut again = 0;
-    while decide(store.clone())
-        .await
-        .expect("the promoted master decides")
-    {
-        again += 1;
-        assert!(again <= LIMIT, "the promoted master admits without end");
-    }
-    again
+    admitted_until_refused(store, check).await
 }
