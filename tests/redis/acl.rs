@@ -215,3 +215,58 @@ async fn a_store_that_cannot_run_the_scripts_is_not_ready_and_says_why() {
         "{body}"
     );
 }
+
+/// `--redis-wait-replicas` needs `+wait` beside the guide's line (docs/redis.md says so): with
+/// it, a call on a master with its replica is acknowledged and admitted; without it, the call
+/// is answered by the failure mode, and readiness says why, naming the setting (it used to say
+/// `store: redis ok` while every call failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_replicas_needs_the_wait_permission_the_guide_names() {
+    let redis = RedisServer::start();
+    let replica = RedisServer::start();
+    cli(
+        replica.port,
+        &["REPLICAOF", "127.0.0.1", &redis.port.to_string()],
+    );
+    common::redis::wait_until("the replica in sync", Duration::from_secs(10), || {
+        cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up")
+    });
+    for (user, wait) in [("waits", true), ("cannot", false)] {
+        let mut args = vec!["ACL", "SETUSER", user];
+        let acl = readme_acl();
+        args.extend(acl.iter().map(String::as_str));
+        if wait {
+            args.push("+wait");
+        }
+        assert_eq!(cli(redis.port, &args), "OK");
+        let url = redis.url();
+        let server = TestServer::start_with(&[("acl.yaml", RULES)], move |s| {
+            s.store = StoreKind::Redis;
+            s.redis_url = Some(url);
+            s.redis_user = Some(user.into());
+            s.redis_password = Some(Secret("s3cret".into()));
+            s.redis_wait_replicas = 1;
+            s.store_timeout = Duration::from_secs(2);
+            s.failure_mode = FailureMode::Deny;
+        })
+        .await;
+        let r = server.ok(request("acl", &[&[("fixed", user)]])).await;
+        let admin = server.running.as_ref().unwrap().admin_addr.port();
+        let (_, metrics) = http(admin, "GET", "/metrics", "").await;
+        let permanent = sample(
+            &metrics,
+            r#"portcullis_store_errors_total{kind="permanent"}"#,
+        );
+        if wait {
+            assert_eq!(r.overall_code, OK, "acknowledged and admitted");
+            assert_eq!(permanent, 0.0, "{metrics}");
+        } else {
+            assert_ne!(r.overall_code, OK, "answered by the failure mode (deny)");
+            assert_eq!(permanent, 1.0, "{metrics}");
+            let (status, body) = http(admin, "GET", "/readyz", "").await;
+            assert_eq!(status, 503, "{body}");
+            assert!(body.contains("--redis-wait-replicas"), "{body}");
+        }
+        server.stop().await;
+    }
+}

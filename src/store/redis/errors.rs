@@ -21,7 +21,7 @@ pub fn classify(error: &RedisError) -> StoreError {
         }
         ErrorKind::Server(ServerErrorKind::NoPerm) => StoreError::Permanent(format!(
             "the Redis user lacks a permission Portcullis needs (EVALSHA, EVAL, TIME, the keys \
-             under the prefix): {text}"
+             under the prefix; WAIT with --redis-wait-replicas): {text}"
         )),
         ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::Permanent(format!(
             "keys of one script call are in different slots: {text}"

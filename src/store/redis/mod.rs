@@ -57,6 +57,9 @@ pub struct RedisStore {
     prefix: String,
     /// How new sliding-window keys are stored.
     sliding_layout: script::SlidingLayout,
+    /// Replicas each script call waits for (`--redis-wait-replicas`; 0: none): readiness also
+    /// asks whether the user may send WAIT.
+    wait_replicas: u32,
     /// For the failures the quota path logs and counts itself (the contested feed).
     metrics: Arc<Metrics>,
     quota_log: Arc<crate::telemetry::LogThrottle>,
@@ -97,6 +100,7 @@ impl RedisStore {
             node_batcher,
             prefix: key_prefix.to_owned(),
             sliding_layout: script::SlidingLayout::default(),
+            wait_replicas: config.wait_replicas,
             metrics,
             quota_log: Arc::default(),
             claims: Arc::default(),
@@ -360,6 +364,25 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Whether the user may send WAIT (`WAIT 0 0`, answered at once), when calls wait for
+    /// replicas; nothing sent otherwise.
+    async fn may_wait<C: redis::aio::ConnectionLike>(
+        &self,
+        conn: &mut C,
+    ) -> Result<(), redis::RedisError> {
+        if self.wait_replicas == 0 {
+            return Ok(());
+        }
+        redis::cmd("WAIT")
+            .arg(0)
+            .arg(0)
+            .query_async::<redis::Value>(conn)
+            .await
+            .map(drop)
+    }
+}
+
 impl Store for RedisStore {
     fn load_factors(&self, deadline: Instant) -> FactorsFuture<'_> {
         Box::pin(self.load_shared_factors(deadline))
@@ -397,14 +420,24 @@ impl Store for RedisStore {
             let budget = deadline.saturating_duration_since(Instant::now());
             let pinged = match &self.backend {
                 // Not PING: the decision script run with no call, so that a Redis that answers
-                // but cannot run it (no scripting, an ACL without EVALSHA) is not ready.
+                // but cannot run it (no scripting, an ACL without EVALSHA) is not ready; and,
+                // waiting for replicas, `WAIT 0 0` (at once: none asked), so that an ACL without
+                // WAIT is not ready either.
                 Backend::Pool(set) => {
                     let mut conn = set.get_or_wait(deadline).await?.conn.clone();
-                    tokio::time::timeout_at(deadline, send::run_empty(&mut conn)).await
+                    tokio::time::timeout_at(deadline, async {
+                        send::run_empty(&mut conn).await?;
+                        self.may_wait(&mut conn).await
+                    })
+                    .await
                 }
                 Backend::Cluster(cluster) => {
                     let mut conn = cluster.clone();
-                    tokio::time::timeout_at(deadline, send::run_empty(&mut conn)).await
+                    tokio::time::timeout_at(deadline, async {
+                        send::run_empty(&mut conn).await?;
+                        self.may_wait(&mut conn).await
+                    })
+                    .await
                 }
             };
             match pinged {
