@@ -8,6 +8,59 @@ use crate::common;
 use std::time::Duration;
 
 use crate::common::redis::{RedisCluster, RedisServer, cli};
+use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
+use portcullis::store::redis::{ScriptClock, Topology};
+use portcullis::store::{RedisStore, StoreError};
+
+/// The limit the failover measures spend: 60 an hour, so no window ends during a test.
+pub(crate) const LIMIT: u64 = 60;
+
+/// One hit of `LIMIT` an hour on the descriptor `name` (user u).
+pub(crate) fn spent_check(name: &str) -> Check {
+    let limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        requests: LIMIT,
+        window_us: 3_600_000_000,
+        burst: LIMIT,
+    };
+    Check {
+        key: key::counter_key(name, [("user", "u")], &limit, None),
+        limit,
+        hits: 1,
+        refund: false,
+        post_paid: false,
+    }
+}
+
+/// One call of `check` through `store` on Redis' clock, answered within `within`.
+pub(crate) async fn decide_within(
+    store: &RedisStore,
+    check: &Check,
+    within: Duration,
+) -> Result<bool, StoreError> {
+    let deadline = tokio::time::Instant::now() + within;
+    let answer = store
+        .check_with_clock(
+            std::slice::from_ref(check),
+            ScriptClock::RedisTime,
+            deadline,
+            ChargeMode::EachAlone,
+        )
+        .await;
+    answer[0].clone().map(|d| d.allowed)
+}
+
+/// The port of the replica of the Cluster master at `master`.
+pub(crate) fn replica_of(master: u16) -> u16 {
+    let id = cli(master, &["CLUSTER", "MYID"]);
+    cli(master, &["CLUSTER", "NODES"])
+        .lines()
+        .find(|l| l.contains("slave") && l.contains(&id))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|a| a.split(['@', ':']).nth(1))
+        .and_then(|p| p.parse().ok())
+        .expect("the master's replica")
+}
 
 /// What a failover costs (issue 45 item 3). Replication is asynchronous: the hits a master has
 /// acknowledged and not yet sent to its replica are gone when the replica is promoted, and the
@@ -22,9 +75,6 @@ use crate::common::redis::{RedisCluster, RedisServer, cli};
 /// failure mode's), each within `deadline`. Returns (calls admitted while the replica was
 /// behind, calls the promoted node admits again).
 async fn admitted_around_a_failover(lag: u64, wait_replicas: u32) -> (u64, u64) {
-    use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
-    use portcullis::store::redis::{ScriptClock, Topology};
-    const LIMIT: u64 = 60;
     let mut master = RedisServer::start();
     let link = common::proxy::Proxy::start(master.port).await;
     let replica = RedisServer::start();
@@ -32,43 +82,22 @@ async fn admitted_around_a_failover(lag: u64, wait_replicas: u32) -> (u64, u64) 
         replica.port,
         &["REPLICAOF", "127.0.0.1", &link.port.to_string()],
     );
-    let limit = Limit {
-        algorithm: Algorithm::FixedWindow,
-        requests: LIMIT,
-        window_us: 3_600_000_000,
-        burst: LIMIT,
-    };
-    let check = Check {
-        key: key::counter_key("failover", [("user", "u")], &limit, None),
-        limit,
-        hits: 1,
-        refund: false,
-        post_paid: false,
-    };
+    let check = spent_check("failover");
     // A call cut off from its replica waits out its deadline: a short one then (`cut`).
-    let decide = |store: portcullis::store::RedisStore, check: Check, cut: bool| async move {
+    let decide = |store: RedisStore, check: Check, cut: bool| async move {
         let wait = if cut && wait_replicas > 0 {
             1_000
         } else {
             2_000
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait);
-        let answer = store
-            .check_with_clock(
-                std::slice::from_ref(&check),
-                ScriptClock::RedisTime,
-                deadline,
-                ChargeMode::EachAlone,
-            )
-            .await;
-        let answer = answer[0].clone().map(|d| d.allowed);
+        let answer = decide_within(&store, &check, Duration::from_millis(wait)).await;
         (store, answer)
     };
     let config = portcullis::store::redis::RedisConfig {
         wait_replicas,
         ..common::redis::plain_config(Topology::Standalone(master.url()), 2)
     };
-    let mut store = portcullis::store::RedisStore::new(&config, "f:", Default::default()).unwrap();
+    let mut store = RedisStore::new(&config, "f:", Default::default()).unwrap();
     // The replica in sync, then the hits before the lag, replicated.
     let started = std::time::Instant::now();
     while !cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up") {
@@ -161,8 +190,6 @@ async fn with_wait_replicas_no_admitted_hit_is_lost_in_a_failover() {
 /// would pass the first (nothing written there) or fail the second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_cluster_each_call_waits_for_its_own_masters_replica() {
-    use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
-    use portcullis::store::redis::{ScriptClock, Topology};
     let mut cluster = RedisCluster::start();
     let limit = Limit {
         algorithm: Algorithm::FixedWindow,
@@ -196,40 +223,20 @@ async fn on_cluster_each_call_waits_for_its_own_masters_replica() {
         wait_replicas: 1,
         ..common::redis::plain_config(Topology::Cluster(cluster.seeds()), 2)
     };
-    let store = portcullis::store::RedisStore::new(&config, "w:", Default::default()).unwrap();
+    let store = RedisStore::new(&config, "w:", Default::default()).unwrap();
     store
         .probe(Duration::from_secs(10))
         .await
         .expect("Redis usable");
     let decide = |user: String| {
-        let store = store.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-            let answer = store
-                .check_with_clock(
-                    &[check(&user)],
-                    ScriptClock::RedisTime,
-                    deadline,
-                    ChargeMode::EachAlone,
-                )
-                .await;
-            answer[0].clone().map(|d| d.allowed)
-        }
+        let (store, check) = (store.clone(), check(&user));
+        async move { decide_within(&store, &check, Duration::from_secs(2)).await }
     };
     // Both acknowledged while every replica is up.
     assert!(decide(first.to_owned()).await.expect("decided"));
     assert!(decide(other.clone()).await.expect("decided"));
     // The first user's master loses its replica.
-    let id = cli(master, &["CLUSTER", "MYID"]);
-    let nodes = cli(master, &["CLUSTER", "NODES"]);
-    let replica: u16 = nodes
-        .lines()
-        .find(|l| l.contains("slave") && l.contains(&id))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|a| a.split(['@', ':']).nth(1))
-        .and_then(|p| p.parse().ok())
-        .expect("the master's replica");
-    cluster.node_mut(replica).kill();
+    cluster.node_mut(replica_of(master)).kill();
     let cut = decide(first.to_owned()).await;
     let e = cut.expect_err("a call whose writes no replica has");
     assert!(e.to_string().contains("WAIT: "), "{e}");

@@ -9,28 +9,36 @@ use crate::common;
 use std::time::Duration;
 
 use crate::common::redis::{RedisCluster, RedisServer, cli};
-use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
-use portcullis::store::RedisStore;
-use portcullis::store::StoreError;
-use portcullis::store::redis::{ScriptClock, Topology};
+use crate::failover::{LIMIT, decide_within, replica_of, spent_check};
+use portcullis::algorithm::Check;
+use portcullis::store::redis::Topology;
+use portcullis::store::{RedisStore, StoreError};
 
-/// The limit every measure spends: 60 an hour, so no window ends during a test.
-const LIMIT: u64 = 60;
+/// One hit of `check` through `store`, within two seconds (a loaded machine).
+async fn decide(store: RedisStore, check: Check) -> Result<bool, StoreError> {
+    decide_within(&store, &check, Duration::from_secs(2)).await
+}
 
-fn spent_check(name: &str) -> Check {
-    let limit = Limit {
-        algorithm: Algorithm::FixedWindow,
-        requests: LIMIT,
-        window_us: 3_600_000_000,
-        burst: LIMIT,
-    };
-    Check {
-        key: key::counter_key(name, [("user", "u")], &limit, None),
-        limit,
-        hits: 1,
-        refund: false,
-        post_paid: false,
+/// The replica held behind (`link` partitioned), the last `lag` hits of the limit admitted by
+/// the master alone through `direct`, and the limit then spent there.
+async fn spend_the_lag_on_the_master_alone(
+    link: &common::proxy::Proxy,
+    direct: RedisStore,
+    check: &Check,
+    lag: u64,
+) {
+    link.partition(true);
+    for _ in 0..lag {
+        assert!(
+            decide(direct.clone(), check.clone())
+                .await
+                .expect("decided")
+        );
     }
+    assert!(
+        !decide(direct, check.clone()).await.expect("decided"),
+        "spent on the master"
+    );
 }
 
 /// How many hits of `check` the promoted master admits before it refuses one (at most the limit).
@@ -44,20 +52,6 @@ async fn admitted_until_refused(store: RedisStore, check: Check) -> u64 {
         assert!(again <= LIMIT, "the promoted master admits without end");
     }
     again
-}
-
-/// One hit of `check` through `store` on Redis' clock, within two seconds (a loaded machine).
-async fn decide(store: RedisStore, check: Check) -> Result<bool, StoreError> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-    let answer = store
-        .check_with_clock(
-            std::slice::from_ref(&check),
-            ScriptClock::RedisTime,
-            deadline,
-            ChargeMode::EachAlone,
-        )
-        .await;
-    answer[0].clone().map(|d| d.allowed)
 }
 
 /// The same measure with Sentinel's own promotion (issue 45 item 3): the replica held behind by
@@ -99,15 +93,7 @@ async fn admitted_again_after_a_sentinel_failover(lag: u64) -> u64 {
     common::redis::wait_until("the hits replicated", Duration::from_secs(10), || {
         cli(replica, &["HGET", &stored, "c"]) == replicated
     });
-    // Held behind: the last `lag` hits reach the master only.
-    link.partition(true);
-    for _ in 0..lag {
-        assert!(decide(direct.clone()).await.expect("decided"));
-    }
-    assert!(
-        !decide(direct).await.expect("decided"),
-        "spent on the master"
-    );
+    spend_the_lag_on_the_master_alone(&link, direct, &check, lag).await;
     setup.master.kill();
     let first = setup.sentinels[0].port;
     assert_eq!(cli(first, &["SENTINEL", "FAILOVER", "mymaster"]), "OK");
@@ -155,14 +141,7 @@ async fn admitted_again_after_a_cluster_failover(lag: u64) -> u64 {
     let check = spent_check("cluster-failover");
     let stored = format!("c:{}", check.key);
     let master = cluster.master_of(&stored);
-    let id = cli(master, &["CLUSTER", "MYID"]);
-    let replica: u16 = cli(master, &["CLUSTER", "NODES"])
-        .lines()
-        .find(|l| l.contains("slave") && l.contains(&id))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|a| a.split(['@', ':']).nth(1))
-        .and_then(|p| p.parse().ok())
-        .expect("the master's replica");
+    let replica = replica_of(master);
     let link = common::proxy::Proxy::start(master).await;
     let bus = (master + 10_000).to_string();
     cli(
@@ -209,14 +188,7 @@ async fn admitted_again_after_a_cluster_failover(lag: u64) -> u64 {
         info.lines()
             .any(|l| l.starts_with("slave0:") && l.contains(&format!("offset={offset},")))
     });
-    link.partition(true);
-    for _ in 0..lag {
-        assert!(decide(direct.clone()).await.expect("decided"));
-    }
-    assert!(
-        !decide(direct).await.expect("decided"),
-        "spent on the master"
-    );
+    spend_the_lag_on_the_master_alone(&link, direct, &check, lag).await;
     cluster.node_mut(master).kill();
     common::redis::wait_until("the replica elected", Duration::from_secs(30), || {
         cli(replica, &["INFO", "replication"]).contains("role:master")

@@ -365,12 +365,15 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    /// Whether the user may send WAIT (`WAIT 0 0`, answered at once), when calls wait for
-    /// replicas; nothing sent otherwise.
-    async fn may_wait<C: redis::aio::ConnectionLike>(
-        &self,
-        conn: &mut C,
-    ) -> Result<(), redis::RedisError> {
+    /// Whether this node can serve our calls: the decision script run with no call (not PING:
+    /// a Redis that answers but cannot run it, no scripting or an ACL without EVALSHA, is not
+    /// ready) and, when calls wait for replicas, `WAIT 0 0` (answered at once: none asked), so
+    /// that an ACL without WAIT is not ready either.
+    async fn serves_calls<C>(&self, conn: &mut C) -> Result<(), redis::RedisError>
+    where
+        C: redis::aio::ConnectionLike + send::RoutedConn,
+    {
+        send::run_empty(conn).await?;
         if self.wait_replicas == 0 {
             return Ok(());
         }
@@ -419,25 +422,13 @@ impl Store for RedisStore {
         Box::pin(async move {
             let budget = deadline.saturating_duration_since(Instant::now());
             let pinged = match &self.backend {
-                // Not PING: the decision script run with no call, so that a Redis that answers
-                // but cannot run it (no scripting, an ACL without EVALSHA) is not ready; and,
-                // waiting for replicas, `WAIT 0 0` (at once: none asked), so that an ACL without
-                // WAIT is not ready either.
                 Backend::Pool(set) => {
                     let mut conn = set.get_or_wait(deadline).await?.conn.clone();
-                    tokio::time::timeout_at(deadline, async {
-                        send::run_empty(&mut conn).await?;
-                        self.may_wait(&mut conn).await
-                    })
-                    .await
+                    tokio::time::timeout_at(deadline, self.serves_calls(&mut conn)).await
                 }
                 Backend::Cluster(cluster) => {
                     let mut conn = cluster.clone();
-                    tokio::time::timeout_at(deadline, async {
-                        send::run_empty(&mut conn).await?;
-                        self.may_wait(&mut conn).await
-                    })
-                    .await
+                    tokio::time::timeout_at(deadline, self.serves_calls(&mut conn)).await
                 }
             };
             match pinged {
