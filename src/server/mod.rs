@@ -135,6 +135,9 @@ pub async fn start(settings: &Settings, clock: Arc<dyn Clock>) -> Result<Running
         rules_source::start(settings, &metrics, &stopped, &mut tasks, &http_listeners).await?;
 
     let (limiter, quota) = store::limiter(settings, &clock, &metrics)?;
+    if let Some(hot) = &quota.hot {
+        tasks.push(hot.spawn_sweeper(stopped.clone()));
+    }
     // Per-second limits counted apart from the claims: marked on the main Redis, so that no
     // replica serves RLQS there meanwhile (refused here where one already does).
     if let Some(what) = settings.per_second_setting() {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::limiter::{DenyCacheBounds, FailureMode, Limiter, LimiterConfig};
 use crate::settings::{Settings, StoreKind};
+use crate::store::hot::{HotConfig, HotStore};
 use crate::store::quota::{MemoryClaims, MemoryQuota, QuotaStore, RlsTally};
 use crate::store::split::SplitStore;
 use crate::store::{MemoryStore, RedisStore, Store};
@@ -25,6 +26,9 @@ pub(super) struct Quota {
     pub fallback: Option<Arc<MemoryQuota>>,
     /// The RLS hits the stores tallied on claimed descriptors (`demand::spawn`).
     pub tally: Arc<RlsTally>,
+    /// Hot counters decided from this replica's claims, when `--hot-descriptor-rate` is set:
+    /// its sweeper gives back what they leave unspent.
+    pub hot: Option<HotStore>,
 }
 
 /// The limiter over the store the settings name, and where RLQS grants live: the same Redis
@@ -40,6 +44,7 @@ pub(super) fn limiter(
     // RLQS, but a replica in its mode may share a Redis with replicas that serve it (a
     // migration), and where none does it pays one look a second.
     let tally = Arc::new(RlsTally::default());
+    let mut hot_store = None;
     // A memory store's RLS checks count the claims of `quota` (this replica's grants).
     let memory = |quota: Option<&Arc<MemoryQuota>>| {
         let store = MemoryStore::with_max_counters(clock.clone(), settings.memory_max_counters);
@@ -77,6 +82,7 @@ pub(super) fn limiter(
                     store: quota,
                     fallback: None,
                     tally: tally.clone(),
+                    hot: None,
                 },
             )
         }
@@ -90,10 +96,11 @@ pub(super) fn limiter(
             store.count_claims(tally.clone(), settings.rlqs.rlqs);
             let own_grants = (settings.failure_mode == FailureMode::Local)
                 .then(|| Arc::new(MemoryQuota::new(clock.clone())));
-            let quota = Quota {
+            let mut quota = Quota {
                 store: Arc::new(store.clone()),
                 fallback: own_grants.clone(),
                 tally: tally.clone(),
+                hot: None,
             };
             let store: Box<dyn Store> = match per_second_settings(settings) {
                 None => Box::new(store),
@@ -107,6 +114,23 @@ pub(super) fn limiter(
                     Box::new(SplitStore::new(Box::new(store), Box::new(fast)))
                 }
             };
+            // Hot counters decided from this replica's claims in them (`store::hot`).
+            let store: Box<dyn Store> = if settings.hot_descriptor_rate > 0.0 {
+                let hot = HotStore::new(
+                    Arc::from(store),
+                    Arc::new(crate::clock::SystemClock::default()),
+                    HotConfig {
+                        rate: settings.hot_descriptor_rate,
+                        store_timeout: settings.store_timeout,
+                    },
+                    Some(tally.clone()),
+                    metrics.hot.clone(),
+                );
+                hot_store = Some(hot.clone());
+                Box::new(hot)
+            } else {
+                store
+            };
             let fallback = (settings.failure_mode == FailureMode::Local)
                 .then(|| memory(own_grants.as_ref()) as Box<dyn Store>);
             let config = LimiterConfig {
@@ -118,6 +142,7 @@ pub(super) fn limiter(
                     max_age: settings.deny_cache_max_age,
                 }),
             };
+            quota.hot = hot_store;
             (
                 Limiter::with_policy(store, config, fallback, metrics.clone())
                     .with_tally(Some(tally.clone())),

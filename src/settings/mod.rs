@@ -240,6 +240,14 @@ pub struct Settings {
     /// replica is seen after at most this.
     #[arg(long, env = "PORTCULLIS_DENY_CACHE_MAX_AGE", default_value = "1s", value_parser = parse_duration)]
     pub deny_cache_max_age: Duration,
+    /// Hits a second on one counter, on this replica, from which the replica claims part of it
+    /// (hits charged in Redis ahead of their calls) and decides its calls from memory, without a
+    /// Redis call, until the claim is spent or its window (a sliding window's sub-window) ends:
+    /// exact, never past the limit; what a claim leaves unspent when its window ends is not
+    /// admitted (docs/algorithms.md states the bound). 0 turns it off (the default, for now).
+    /// Redis only.
+    #[arg(long, env = "PORTCULLIS_HOT_DESCRIPTOR_RATE", default_value_t = 0.0)]
+    pub hot_descriptor_rate: f64,
     /// Most counters the memory store (and the `local` failure mode's) holds, about 400 bytes
     /// each, and as many concurrency slots held in all (8 bytes each). When full, a new
     /// descriptor is answered by the failure mode (counted, logged) until counters expire: a

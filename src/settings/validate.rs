@@ -300,6 +300,12 @@ impl Settings {
                 self.near_limit_ratio
             ));
         }
+        if !(self.hot_descriptor_rate.is_finite() && self.hot_descriptor_rate >= 0.0) {
+            problems.push(format!(
+                "--hot-descriptor-rate {} must be a number of hits a second, 0 or more (0: off)",
+                self.hot_descriptor_rate
+            ));
+        }
         if self.key_prefix.contains(['{', '}']) {
             problems.push(format!(
                 "--key-prefix {:?} must not contain {{ or }}: Redis Cluster would hash every key \

@@ -3,6 +3,8 @@
 //! checks on healthy nodes into failure-mode answers). It knows nothing of protobuf or rules; it
 //! only counts, and must never answer after the deadline it is given.
 
+pub mod hot;
+mod hot_claim;
 pub mod memory;
 pub mod quota;
 pub mod redis;

@@ -65,6 +65,13 @@ impl RlsTally {
         }
     }
 
+    /// Whether the store found `counter_key` held by RLQS gateways within `HELD_FOR`.
+    pub fn is_held(&self, counter_key: &str) -> bool {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(counter_key)
+            .is_some_and(|t| t.held_at.elapsed() < HELD_FOR)
+    }
+
     /// Everything tallied since the last take, per descriptor: (tag, hits, rate). Each layer of
     /// a descriptor counts the same hits: a descriptor's are its busiest layer's, at its
     /// lowest rate. Counters the store has not found held for `HELD_FOR` are forgotten.

@@ -12,6 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::hot_metrics::HotMetrics;
 use super::labels::{
     CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
     RuleLimitLabels,
@@ -65,6 +66,8 @@ pub struct Metrics {
     process: ProcessGauges,
     /// The quota service's (RLQS) streams, reports and assignments.
     pub quota: QuotaMetrics,
+    /// Hot counters decided from this replica's claims (`store::hot`).
+    pub hot: std::sync::Arc<HotMetrics>,
     /// Share of the limit above which allowed hits also count as near the limit.
     pub near_limit_ratio: f64,
     /// The per-value labels `detailed_metric` rules have created, at most `max_detailed`.
@@ -110,6 +113,7 @@ impl Metrics {
             scaling_reloads: Family::default(),
             process: ProcessGauges::default(),
             quota: QuotaMetrics::default(),
+            hot: Default::default(),
             near_limit_ratio,
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
@@ -310,6 +314,7 @@ impl Metrics {
         );
         m.process.register(&mut registry, &mut names);
         m.quota.register(&mut registry, &mut names);
+        m.hot.register(&mut registry, &mut names);
         m.zero_series();
         Metrics {
             registry,

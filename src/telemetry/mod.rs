@@ -14,6 +14,7 @@
 pub mod go_names;
 pub mod statsd_mapping;
 
+mod hot_metrics;
 mod labels;
 mod logs;
 mod metrics;
@@ -22,6 +23,7 @@ mod quota_metrics;
 mod register;
 mod throttle;
 
+pub use hot_metrics::HotMetrics;
 pub use labels::{
     CodeLabels, DomainLabels, KindLabels, ListenerLabels, ModeLabels, ResultLabels, RuleLabels,
     RuleLimitLabels,

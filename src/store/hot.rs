@@ -1,0 +1,444 @@
+//! Hot counters decided in this replica (`--hot-descriptor-rate`): a store over another store
+//! (Redis) that, for a counter this replica calls at least that many hits a second, takes a
+//! claim in the counter itself (hits charged ahead, `hot_claim`) and answers the calls on it
+//! from memory until the claim is spent or its period ends; every other call goes to the store
+//! below as it came. What a claim does not spend is given back when the counter goes quiet and
+//! at shutdown; a replica that dies holds its claim until the period ends.
+//! It must never answer a call from memory that the claims do not cover, nor hold a claim on a
+//! counter RLQS gateways hold part of (their shares need this replica's RLS calls as demand).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::hot_claim::{Chunk, Claim, claimable};
+use super::quota::RlsTally;
+use super::{Answers, FactorsFuture, PingFuture, Store, StoreFuture};
+use crate::algorithm::{Algorithm, ChargeMode, Check, Decision};
+use crate::clock::Clock;
+use crate::telemetry::{HotMetrics, LogThrottle};
+
+/// The most counters whose rate is followed at once (a claim is one of them); past it a new
+/// counter goes to the store until idle ones are forgotten (every `SWEEP`).
+pub const MAX_TRACKED: usize = 10_000;
+/// How often unspent claims of quiet counters are given back and idle counters forgotten.
+const SWEEP: Duration = Duration::from_millis(100);
+/// A counter without a call for this long gives its claim back.
+const QUIET_US: u64 = 100_000;
+/// A counter without a call (and without a claim) for this long is forgotten.
+const FORGET_US: u64 = 1_000_000;
+
+/// What a replica decides from claims, and how it takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct HotConfig {
+    /// Hits a second on one counter, on this replica, from which it is claimed.
+    pub rate: f64,
+    /// Deadline of a take or a give-back.
+    pub store_timeout: Duration,
+}
+
+/// A store that decides the calls on hot counters from this replica's claims on them.
+#[derive(Clone)]
+pub struct HotStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    config: HotConfig,
+    claims: Mutex<HashMap<String, Claim>>,
+    /// Counters RLQS gateways hold part of are left to the store.
+    tally: Option<Arc<RlsTally>>,
+    metrics: Arc<HotMetrics>,
+    takes_in_flight: AtomicUsize,
+    settled: tokio::sync::Notify,
+    take_log: LogThrottle,
+}
+
+/// What `decide_here` found: the answers when claims cover the call, the claims to take, and
+/// those to give back (about to end).
+struct Decided {
+    decisions: Option<Vec<Decision>>,
+    takes: Vec<Check>,
+    back: Vec<(Check, Chunk)>,
+}
+
+fn refund_of(key: &str, claim: &Claim, hits: u64) -> Check {
+    Check {
+        key: key.to_owned(),
+        limit: claim.limit,
+        hits,
+        refund: true,
+        post_paid: false,
+    }
+}
+
+/// Whether a check can be answered from a claim: a charge of hits on a window or a bucket.
+fn eligible(check: &Check) -> bool {
+    !check.refund
+        && !check.post_paid
+        && check.hits > 0
+        && check.hits <= check.limit.capacity()
+        && claimable(&check.limit)
+}
+
+impl HotStore {
+    pub fn new(
+        inner: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: HotConfig,
+        tally: Option<Arc<RlsTally>>,
+        metrics: Arc<HotMetrics>,
+    ) -> HotStore {
+        HotStore {
+            shared: Arc::new(Shared {
+                inner,
+                clock,
+                config,
+                claims: Mutex::new(HashMap::new()),
+                tally,
+                metrics,
+                takes_in_flight: AtomicUsize::new(0),
+                settled: tokio::sync::Notify::new(),
+                take_log: LogThrottle::default(),
+            }),
+        }
+    }
+
+    /// Gives back the claims of counters gone quiet every `SWEEP`, and every claim once
+    /// `stopped` turns true (shutdown, after a drain).
+    pub fn spawn_sweeper(
+        &self,
+        mut stopped: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SWEEP);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let stop = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = stopped.wait_for(|s| *s) => true,
+                };
+                shared.sweep(stop).await;
+                if stop {
+                    return;
+                }
+            }
+        })
+    }
+
+    /// One sweep now (`all`: every claim given back, as at shutdown).
+    pub async fn sweep(&self, all: bool) {
+        self.shared.sweep(all).await;
+    }
+
+    /// Waits until no take is in flight.
+    pub async fn settle(&self) {
+        loop {
+            let settled = self.shared.settled.notified();
+            if self.shared.takes_in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            settled.await;
+        }
+    }
+
+    /// Hits this replica holds claimed and unspent on `key`.
+    pub fn claimed(&self, key: &str) -> u64 {
+        let now = self.shared.clock.now_us();
+        let mut claims = self.shared.lock();
+        claims.get_mut(key).map_or(0, |c| {
+            c.expire(now);
+            c.available()
+        })
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Claim>> {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn held_by_gateways(&self, key: &str) -> bool {
+        self.tally.as_ref().is_some_and(|t| t.is_held(key))
+    }
+
+    /// Answers the call from claims when they cover every check; notes its hits either way and
+    /// says which counters want a claim taken now.
+    fn decide_here(&self, checks: &[Check], now: u64) -> Decided {
+        let mut claims = self.lock();
+        let mut lapsed = 0;
+        let mut back = Vec::new();
+        for check in checks {
+            if !claims.contains_key(&check.key) {
+                if claims.len() >= MAX_TRACKED {
+                    continue;
+                }
+                claims.insert(check.key.clone(), Claim::new(check.limit, now));
+            }
+            let claim = claims.get_mut(&check.key).expect("inserted above");
+            if claim.limit != check.limit {
+                // The rule changed: what was claimed under the old limit is not spent.
+                lapsed += claim.take_unspent().iter().map(|c| c.hits).sum::<u64>();
+                *claim = Claim::new(check.limit, now);
+            }
+            lapsed += claim.expire(now);
+            for chunk in claim.ending(now) {
+                back.push((refund_of(&check.key, claim, chunk.hits), chunk));
+            }
+            claim.note_hits(now, check.hits);
+        }
+        if lapsed > 0 {
+            self.metrics.lapsed_hits.inc_by(lapsed);
+        }
+        // Every check covered, the same counter twice in one call counting twice.
+        let covered = checks.iter().all(|check| {
+            let wanted: u64 = checks
+                .iter()
+                .filter(|c| c.key == check.key)
+                .map(|c| c.hits)
+                .sum();
+            claims
+                .get(&check.key)
+                .is_some_and(|c| c.available() >= wanted)
+        });
+        let decided = covered.then(|| {
+            checks
+                .iter()
+                .map(|check| {
+                    let claim = claims.get_mut(&check.key).expect("covered above");
+                    claim.spend(check.hits);
+                    claim.answer(now)
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut takes = Vec::new();
+        for check in checks {
+            let Some(claim) = claims.get_mut(&check.key) else {
+                continue;
+            };
+            if let Some(hits) = claim.wanted(now, self.config.rate)
+                && !self.held_by_gateways(&check.key)
+            {
+                claim.taking = true;
+                takes.push(Check {
+                    hits,
+                    ..check.clone()
+                });
+            }
+        }
+        Decided {
+            decisions: decided,
+            takes,
+            back,
+        }
+    }
+
+    /// Notes what the store answered on the counters this replica follows.
+    fn learn(&self, checks: &[Check], answers: &Answers, sent: u64) {
+        let mut claims = self.lock();
+        for (check, answer) in checks.iter().zip(answers) {
+            if let (Some(claim), Ok(decision)) = (claims.get_mut(&check.key), answer)
+                && claim.limit == check.limit
+            {
+                claim.learn(sent, decision);
+            }
+        }
+    }
+
+    /// Charges `take` in the store below, as a claim of this replica.
+    async fn take(self: Arc<Self>, take: Check) {
+        // Read before the call is sent: the period's end counted from here is never late.
+        let sent = self.clock.now_us();
+        let deadline = Instant::now() + self.config.store_timeout;
+        let answer = self
+            .inner
+            .check(std::slice::from_ref(&take), deadline, ChargeMode::EachAlone)
+            .await
+            .into_iter()
+            .next();
+        let now = self.clock.now_us();
+        {
+            let mut claims = self.lock();
+            let claim = claims.get_mut(&take.key).filter(|c| c.limit == take.limit);
+            match (claim, answer) {
+                (Some(claim), Some(Ok(decision))) => {
+                    if claim.took(sent, take.hits, &decision, now) {
+                        self.metrics.claims_taken.inc();
+                        self.metrics.claimed_hits.inc_by(take.hits);
+                    } else {
+                        self.metrics.claims_refused.inc();
+                    }
+                }
+                // Taken for a counter no longer followed (its rule changed meanwhile): the hits
+                // stay counted, unspent.
+                (None, Some(Ok(decision))) if decision.allowed => {
+                    self.metrics.lapsed_hits.inc_by(take.hits);
+                }
+                (None, _) => {}
+                (Some(claim), failed) => {
+                    claim.take_failed(now);
+                    self.metrics.claims_failed.inc();
+                    let error = match failed {
+                        Some(Err(e)) => e.to_string(),
+                        _ => "the store answered nothing".to_owned(),
+                    };
+                    if let Some(skipped) = self.take_log.allow() {
+                        tracing::warn!(
+                            %error,
+                            similar_failures_not_logged = skipped,
+                            "a claim on a hot counter could not be taken: its calls go to the store"
+                        );
+                    }
+                }
+            }
+        }
+        self.done();
+    }
+
+    fn spawn_takes(self: &Arc<Self>, takes: Vec<Check>, back: Vec<(Check, Chunk)>) {
+        for take in takes {
+            self.takes_in_flight.fetch_add(1, Ordering::AcqRel);
+            tokio::spawn(self.clone().take(take));
+        }
+        for (refund, chunk) in back {
+            self.takes_in_flight.fetch_add(1, Ordering::AcqRel);
+            let shared = self.clone();
+            tokio::spawn(async move {
+                shared.give_back(refund, chunk).await;
+                shared.done();
+            });
+        }
+    }
+
+    fn done(&self) {
+        if self.takes_in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.settled.notify_waiters();
+        }
+    }
+
+    /// Gives back the unspent claims of counters gone quiet (`all`: every claim), and forgets
+    /// counters idle long enough.
+    async fn sweep(&self, all: bool) {
+        let now = self.clock.now_us();
+        let mut back: Vec<(Check, Chunk)> = Vec::new();
+        let mut lapsed = 0;
+        {
+            let mut claims = self.lock();
+            claims.retain(|key, claim| {
+                lapsed += claim.expire(now);
+                let idle = now.saturating_sub(claim.last_seen_us);
+                if all || idle >= QUIET_US {
+                    for chunk in claim.take_unspent() {
+                        back.push((refund_of(key, claim, chunk.hits), chunk));
+                    }
+                }
+                !(claim.is_empty() && idle >= FORGET_US)
+            });
+            self.metrics.descriptors.set(claims.len() as i64);
+        }
+        if lapsed > 0 {
+            self.metrics.lapsed_hits.inc_by(lapsed);
+        }
+        for (refund, chunk) in back {
+            self.give_back(refund, chunk).await;
+        }
+    }
+
+    /// Gives one unspent chunk back: a window's only within the period it was counted in (not
+    /// sent once it is over; `Store::give_back` does not apply one that arrives after), a
+    /// bucket's at any time.
+    async fn give_back(&self, refund: Check, chunk: Chunk) {
+        let hits = refund.hits;
+        let now = self.clock.now_us();
+        let windowed = refund.limit.algorithm != Algorithm::TokenBucket;
+        if windowed && now >= chunk.until_us {
+            // Its period is over (the give-back waited): a refund now would credit the next.
+            self.metrics.lapsed_hits.inc_by(hits);
+            return;
+        }
+        let refunds = std::slice::from_ref(&refund);
+        let answers = if !windowed {
+            let deadline = Instant::now() + self.config.store_timeout;
+            self.inner
+                .check(refunds, deadline, ChargeMode::EachAlone)
+                .await
+        } else {
+            let ends = Instant::now() + Duration::from_micros(chunk.until_us.saturating_sub(now));
+            self.inner.give_back(refunds, ends).await
+        };
+        match answers.first() {
+            Some(Ok(_)) => self.metrics.given_back_hits.inc_by(hits),
+            _ => self.metrics.lapsed_hits.inc_by(hits),
+        };
+    }
+}
+
+impl Store for HotStore {
+    fn check<'a>(
+        &'a self,
+        checks: &'a [Check],
+        deadline: Instant,
+        mode: ChargeMode,
+    ) -> StoreFuture<'a> {
+        let shared = &self.shared;
+        if mode == ChargeMode::Probe || checks.is_empty() || !checks.iter().all(eligible) {
+            return shared.inner.check(checks, deadline, mode);
+        }
+        let now = shared.clock.now_us();
+        let Decided {
+            decisions,
+            takes,
+            back,
+        } = shared.decide_here(checks, now);
+        shared.spawn_takes(takes, back);
+        match decisions {
+            Some(decisions) => {
+                shared.metrics.decisions.inc_by(decisions.len() as u64);
+                Box::pin(std::future::ready(decisions.into_iter().map(Ok).collect()))
+            }
+            None => Box::pin(async move {
+                let answers = shared.inner.check(checks, deadline, mode).await;
+                shared.learn(checks, &answers, now);
+                answers
+            }),
+        }
+    }
+
+    fn give_back<'a>(&'a self, refunds: &'a [Check], window_ends: Instant) -> StoreFuture<'a> {
+        self.shared.inner.give_back(refunds, window_ends)
+    }
+
+    fn name(&self) -> &'static str {
+        self.shared.inner.name()
+    }
+
+    fn ping(&self, deadline: Instant) -> PingFuture<'_> {
+        self.shared.inner.ping(deadline)
+    }
+
+    fn load_factors(&self, deadline: Instant) -> FactorsFuture<'_> {
+        self.shared.inner.load_factors(deadline)
+    }
+
+    fn save_factor<'a>(
+        &'a self,
+        field: &'a str,
+        factor: f64,
+        ttl_ms: u64,
+        deadline: Instant,
+    ) -> PingFuture<'a> {
+        self.shared
+            .inner
+            .save_factor(field, factor, ttl_ms, deadline)
+    }
+}
+
+#[cfg(test)]
+#[path = "hot_tests.rs"]
+mod tests;
