@@ -17,6 +17,7 @@
 //!   cargo bench --bench load -- --generator h2load    h2load drives the unpaced rows
 //!   cargo test --bench load                        a short smoke run (checks it works)
 //!   cargo bench --bench load -- --only standalone,replicated,replicated-wait
+//!   cargo bench --bench load -- --only memory,standalone,standalone-hot
 //!                                                  + a master with a replica, without and with
 //!                                                  --redis-wait-replicas 1 (named only)
 //!
@@ -166,6 +167,28 @@ fn main() {
             Box::new(move |binary| {
                 let redis = RedisServer::start();
                 let args = ["--store", "redis", "--redis-url", &redis.url()].map(String::from);
+                let server = Server::portcullis(binary, &path, &args);
+                (server, vec![redis.port], Box::new(redis))
+            }),
+        ));
+    }
+    // Hot counters decided in the replica from its claims (--hot-descriptor-rate): only when
+    // `--only` names it.
+    if options.names("standalone-hot") {
+        let path = path.clone();
+        stores.push((
+            "standalone Redis, hot counters claimed",
+            Box::new(move |binary| {
+                let redis = RedisServer::start();
+                let args = [
+                    "--store",
+                    "redis",
+                    "--redis-url",
+                    &redis.url(),
+                    "--hot-descriptor-rate",
+                    "100",
+                ]
+                .map(String::from);
                 let server = Server::portcullis(binary, &path, &args);
                 (server, vec![redis.port], Box::new(redis))
             }),

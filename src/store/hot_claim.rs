@@ -192,14 +192,11 @@ impl Claim {
     }
 
     /// How many hits to claim now (`None`: none), for a replica that calls a counter hot from
-    /// `hot_rate` hits a second: its own rate over the horizon (or what is left of the period),
-    /// at most a `SPREAD`th of what the counter has left; taken once what it holds would last
-    /// less than a fifth of the horizon, so the next claim is there before this one runs out.
+    /// `hot_rate` hits a second: a `PIECES`th of its own rate over the horizon (or what is left
+    /// of the period), at most a `SPREAD`th of what the counter has left; taken once what it
+    /// holds is under half of that.
     pub fn wanted(&self, now_us: u64, hot_rate: f64) -> Option<u64> {
         if self.taking || now_us < self.backoff_until_us || self.rate < hot_rate {
-            return None;
-        }
-        if self.available() as f64 > self.rate * (HORIZON_US / 5) as f64 / 1e6 {
             return None;
         }
         let span = match (period_us(&self.limit), self.boundary_us) {
@@ -223,10 +220,12 @@ impl Claim {
             }
         };
         let span = span.saturating_sub(self.lead_us());
-        // What it holds is spent first: the new claim is for a piece of the rest of the span.
-        let wanted = ((self.rate * span as f64 / 1e6).ceil() as u64)
-            .saturating_sub(self.available())
-            .div_ceil(PIECES);
+        // A piece of what it would spend over the span; the next is taken once half of what
+        // it holds is gone, so that it is there before this one runs out.
+        let wanted = ((self.rate * span as f64 / 1e6).ceil() as u64).div_ceil(PIECES);
+        if self.available() * 2 > wanted {
+            return None;
+        }
         let left = match self.known {
             Some(k) if now_us < k.reset_at_us || period_us(&self.limit).is_none() => k.remaining,
             // Its window is over (or nothing is known yet): the take itself will tell.

@@ -16,6 +16,7 @@ mod errors;
 mod failover;
 mod failover_promoted;
 mod go_compat;
+mod hot;
 mod late_charges;
 mod layered;
 mod one_budget;
