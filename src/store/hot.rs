@@ -56,6 +56,8 @@ struct Shared {
     metrics: Arc<HotMetrics>,
     takes_in_flight: AtomicUsize,
     settled: tokio::sync::Notify,
+    /// Told whenever a take is answered (calls wait on it for their claim).
+    taken: tokio::sync::Notify,
     take_log: LogThrottle,
 }
 
@@ -65,6 +67,8 @@ struct Decided {
     decisions: Option<Vec<Decision>>,
     takes: Vec<Check>,
     back: Vec<(Check, Chunk)>,
+    /// A claim the call needs is being taken: worth waiting for.
+    wait: bool,
 }
 
 fn refund_of(key: &str, claim: &Claim, hits: u64) -> Check {
@@ -104,6 +108,7 @@ impl HotStore {
                 metrics,
                 takes_in_flight: AtomicUsize::new(0),
                 settled: tokio::sync::Notify::new(),
+                taken: tokio::sync::Notify::new(),
                 take_log: LogThrottle::default(),
             }),
         }
@@ -170,7 +175,7 @@ impl Shared {
 
     /// Answers the call from claims when they cover every check; notes its hits either way and
     /// says which counters want a claim taken now.
-    fn decide_here(&self, checks: &[Check], now: u64) -> Decided {
+    fn decide_here(&self, checks: &[Check], now: u64, count: bool) -> Decided {
         let mut claims = self.lock();
         let mut lapsed = 0;
         let mut back = Vec::new();
@@ -191,7 +196,9 @@ impl Shared {
             for chunk in claim.ending(now) {
                 back.push((refund_of(&check.key, claim, chunk.hits), chunk));
             }
-            claim.note_hits(now, check.hits);
+            if count {
+                claim.note_hits(now, check.hits);
+            }
         }
         if lapsed > 0 {
             self.metrics.lapsed_hits.inc_by(lapsed);
@@ -218,10 +225,12 @@ impl Shared {
                 .collect::<Vec<_>>()
         });
         let mut takes = Vec::new();
+        let mut awaited = false;
         for check in checks {
             let Some(claim) = claims.get_mut(&check.key) else {
                 continue;
             };
+            awaited |= claim.taking;
             if let Some(hits) = claim.wanted(now, self.config.rate)
                 && !self.held_by_gateways(&check.key)
             {
@@ -232,10 +241,14 @@ impl Shared {
                 });
             }
         }
+        // Not covered while a claim is on its way: the call waits for it rather than costing
+        // a store call of its own (the first calls of every sliding sub-window would).
+        let wait = decided.is_none() && (awaited || !takes.is_empty());
         Decided {
             decisions: decided,
             takes,
             back,
+            wait,
         }
     }
 
@@ -298,6 +311,7 @@ impl Shared {
                 }
             }
         }
+        self.taken.notify_waiters();
         self.done();
     }
 
@@ -314,6 +328,30 @@ impl Shared {
                 shared.done();
             });
         }
+    }
+
+    /// Waits for the claims being taken (at most half the time left to `deadline`), then
+    /// answers from them if they cover the call.
+    async fn after_the_take(
+        self: &Arc<Self>,
+        checks: &[Check],
+        deadline: Instant,
+    ) -> Option<Vec<Decision>> {
+        let taken = self.taken.notified();
+        tokio::pin!(taken);
+        // Registered before looking again: a take answered in between still wakes it.
+        taken.as_mut().enable();
+        let now = self.clock.now_us();
+        let again = self.decide_here(checks, now, false);
+        self.spawn_takes(again.takes, again.back);
+        if again.decisions.is_some() || !again.wait {
+            return again.decisions;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::timeout(left / 2, taken).await.ok()?;
+        let last = self.decide_here(checks, self.clock.now_us(), false);
+        self.spawn_takes(last.takes, last.back);
+        last.decisions
     }
 
     fn done(&self) {
@@ -395,19 +433,23 @@ impl Store for HotStore {
             decisions,
             takes,
             back,
-        } = shared.decide_here(checks, now);
+            wait,
+        } = shared.decide_here(checks, now, true);
         shared.spawn_takes(takes, back);
-        match decisions {
-            Some(decisions) => {
-                shared.metrics.decisions.inc_by(decisions.len() as u64);
-                Box::pin(std::future::ready(decisions.into_iter().map(Ok).collect()))
-            }
-            None => Box::pin(async move {
-                let answers = shared.inner.check(checks, deadline, mode).await;
-                shared.learn(checks, &answers, now);
-                answers
-            }),
+        if let Some(decisions) = decisions {
+            shared.metrics.decisions.inc_by(decisions.len() as u64);
+            return Box::pin(std::future::ready(decisions.into_iter().map(Ok).collect()));
         }
+        Box::pin(async move {
+            if wait && let Some(decisions) = shared.after_the_take(checks, deadline).await {
+                shared.metrics.decisions.inc_by(decisions.len() as u64);
+                return decisions.into_iter().map(Ok).collect();
+            }
+            let sent = shared.clock.now_us();
+            let answers = shared.inner.check(checks, deadline, mode).await;
+            shared.learn(checks, &answers, sent);
+            answers
+        })
     }
 
     fn give_back<'a>(&'a self, refunds: &'a [Check], window_ends: Instant) -> StoreFuture<'a> {

@@ -30,8 +30,9 @@ const SPREAD: u64 = 4;
 const MIN_CLAIM: u64 = 2;
 /// After a take was refused or failed, none for this long (the calls go to the store).
 const BACKOFF_US: u64 = 100_000;
-/// A claim is sized for this share of the span it may be spent in (the rest comes in further
-/// claims as it is spent): what a period's end leaves unspent is at most about that share.
+/// A claim is sized for this share of the horizon (or the rest of its period, if less; the rest
+/// comes in further claims as it is spent): what a period's end leaves unspent is at most
+/// about that.
 const PIECES: u64 = 4;
 /// Where the counter is past a quarter of its limit (unspent claims may then cost admissions),
 /// a window's claim is given back this long (at most a quarter period) before its period ends.
@@ -192,9 +193,9 @@ impl Claim {
     }
 
     /// How many hits to claim now (`None`: none), for a replica that calls a counter hot from
-    /// `hot_rate` hits a second: a `PIECES`th of its own rate over the horizon (or what is left
-    /// of the period), at most a `SPREAD`th of what the counter has left; taken once what it
-    /// holds is under half of that.
+    /// `hot_rate` hits a second: its own rate over a `PIECES`th of the horizon (or what is left
+    /// of the period, if less), at most a `SPREAD`th of what the counter has left; taken once
+    /// what it holds is under half of that.
     pub fn wanted(&self, now_us: u64, hot_rate: f64) -> Option<u64> {
         if self.taking || now_us < self.backoff_until_us || self.rate < hot_rate {
             return None;
@@ -220,9 +221,11 @@ impl Claim {
             }
         };
         let span = span.saturating_sub(self.lead_us());
-        // A piece of what it would spend over the span; the next is taken once half of what
-        // it holds is gone, so that it is there before this one runs out.
-        let wanted = ((self.rate * span as f64 / 1e6).ceil() as u64).div_ceil(PIECES);
+        // What it would spend over a piece of the horizon (or the rest of the span, if less);
+        // the next is taken once half of what it holds is gone, so that it is there before
+        // this one runs out.
+        let piece = span.min(HORIZON_US / PIECES);
+        let wanted = (self.rate * piece as f64 / 1e6).ceil() as u64;
         if self.available() * 2 > wanted {
             return None;
         }
