@@ -177,11 +177,19 @@ impl Shared {
     /// says which counters want a claim taken now.
     fn decide_here(&self, checks: &[Check], now: u64, count: bool) -> Decided {
         let mut claims = self.lock();
+        let mut found = Decided {
+            decisions: None,
+            takes: Vec::new(),
+            back: Vec::new(),
+            wait: false,
+        };
         let mut lapsed = 0;
-        let mut back = Vec::new();
+        let mut awaited = false;
+        let mut covered = true;
         for check in checks {
             if !claims.contains_key(&check.key) {
                 if claims.len() >= MAX_TRACKED {
+                    covered = false;
                     continue;
                 }
                 claims.insert(check.key.clone(), Claim::new(check.limit, now));
@@ -194,62 +202,54 @@ impl Shared {
             }
             lapsed += claim.expire(now);
             for chunk in claim.ending(now) {
-                back.push((refund_of(&check.key, claim, chunk.hits), chunk));
+                found
+                    .back
+                    .push((refund_of(&check.key, claim, chunk.hits), chunk));
             }
             if count {
                 claim.note_hits(now, check.hits);
+            }
+            // The same counter twice in one call counts twice.
+            let wanted: u64 = if checks.len() == 1 {
+                check.hits
+            } else {
+                checks
+                    .iter()
+                    .filter(|c| c.key == check.key)
+                    .map(|c| c.hits)
+                    .sum()
+            };
+            covered &= claim.available() >= wanted;
+            awaited |= claim.taking;
+            if let Some(hits) = claim.wanted(now, self.config.rate)
+                && !self.held_by_gateways(&check.key)
+            {
+                claim.taking = true;
+                found.takes.push(Check {
+                    hits,
+                    ..check.clone()
+                });
             }
         }
         if lapsed > 0 {
             self.metrics.lapsed_hits.inc_by(lapsed);
         }
-        // Every check covered, the same counter twice in one call counting twice.
-        let covered = checks.iter().all(|check| {
-            let wanted: u64 = checks
-                .iter()
-                .filter(|c| c.key == check.key)
-                .map(|c| c.hits)
-                .sum();
-            claims
-                .get(&check.key)
-                .is_some_and(|c| c.available() >= wanted)
-        });
-        let decided = covered.then(|| {
-            checks
+        if covered {
+            let decisions = checks
                 .iter()
                 .map(|check| {
                     let claim = claims.get_mut(&check.key).expect("covered above");
                     claim.spend(check.hits);
                     claim.answer(now)
                 })
-                .collect::<Vec<_>>()
-        });
-        let mut takes = Vec::new();
-        let mut awaited = false;
-        for check in checks {
-            let Some(claim) = claims.get_mut(&check.key) else {
-                continue;
-            };
-            awaited |= claim.taking;
-            if let Some(hits) = claim.wanted(now, self.config.rate)
-                && !self.held_by_gateways(&check.key)
-            {
-                claim.taking = true;
-                takes.push(Check {
-                    hits,
-                    ..check.clone()
-                });
-            }
+                .collect();
+            found.decisions = Some(decisions);
+        } else {
+            // A claim on its way: the call waits for it rather than costing a store call of
+            // its own (the first calls of every sliding sub-window would).
+            found.wait = awaited || !found.takes.is_empty();
         }
-        // Not covered while a claim is on its way: the call waits for it rather than costing
-        // a store call of its own (the first calls of every sliding sub-window would).
-        let wait = decided.is_none() && (awaited || !takes.is_empty());
-        Decided {
-            decisions: decided,
-            takes,
-            back,
-            wait,
-        }
+        found
     }
 
     /// Notes what the store answered on the counters this replica follows.

@@ -195,7 +195,7 @@ impl Claim {
     /// How many hits to claim now (`None`: none), for a replica that calls a counter hot from
     /// `hot_rate` hits a second: its own rate over a `PIECES`th of the horizon (or what is left
     /// of the period, if less), at most a `SPREAD`th of what the counter has left; taken once
-    /// what it holds is under half of that.
+    /// what it holds is less than that.
     pub fn wanted(&self, now_us: u64, hot_rate: f64) -> Option<u64> {
         if self.taking || now_us < self.backoff_until_us || self.rate < hot_rate {
             return None;
@@ -222,11 +222,11 @@ impl Claim {
         };
         let span = span.saturating_sub(self.lead_us());
         // What it would spend over a piece of the horizon (or the rest of the span, if less);
-        // the next is taken once half of what it holds is gone, so that it is there before
-        // this one runs out.
+        // the next is taken once it holds less than that, so that it is there before this one
+        // runs out (a take waits in the same queues as the calls: under load, milliseconds).
         let piece = span.min(HORIZON_US / PIECES);
         let wanted = (self.rate * piece as f64 / 1e6).ceil() as u64;
-        if self.available() * 2 > wanted {
+        if self.available() >= wanted {
             return None;
         }
         let left = match self.known {
