@@ -245,3 +245,40 @@ async fn a_stopped_replica_gives_its_claim_back_and_a_dead_one_holds_it() {
         }
     }
 }
+
+/// Redis gone while a claim is held: the claim decides until it is spent, then the calls fail
+/// (the limiter's failure mode answers those).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_decides_through_a_redis_outage_until_it_is_spent() {
+    let mut redis = RedisServer::start();
+    let metrics = Arc::new(HotMetrics::default());
+    let key = "{d|outage=1}";
+    let l = minute(Algorithm::FixedWindow, 100_000);
+    inside_one_minute(redis.port).await;
+    let r = replica(Topology::Standalone(redis.url()), &metrics).await;
+    hammer(std::slice::from_ref(&r), key, l, Duration::from_millis(300)).await;
+    r.settle().await;
+    let held = r.claimed(key);
+    assert!(held > 0, "a claim is held after 300 ms of calls");
+    redis.kill();
+    let (mut admitted, mut failed) = (0, false);
+    for _ in 0..held + 10 {
+        let deadline = Instant::now() + Duration::from_millis(300);
+        match r
+            .check(&[charge(key, l)], deadline, ChargeMode::EachAlone)
+            .await
+            .remove(0)
+        {
+            Ok(d) => {
+                assert!(d.allowed, "no refusal can come from a claim");
+                admitted += 1;
+            }
+            Err(_) => {
+                failed = true;
+                break;
+            }
+        }
+    }
+    assert_eq!(admitted, held, "the claim decides, exactly its hits");
+    assert!(failed, "then the calls fail");
+}
