@@ -1,6 +1,7 @@
 //! The gateway's view: HTTP load through a real Envoy 1.40 (one worker) to a stand-in upstream
 //! (a direct response of the same Envoy), with no rate limit filter, then with the ratelimit
-//! filter asking Portcullis on the memory store, standalone Redis and a 3-master Cluster, and
+//! filter asking Portcullis on the memory store, standalone Redis (with and without hot counters
+//! decided from the replica's claims, `--hot-descriptor-rate`) and a 3-master Cluster, and
 //! with the rate_limit_quota filter (RLQS: the gateway enforces Portcullis' assignment), all in
 //! one run with the same generator and concurrency.
 //!
@@ -318,11 +319,22 @@ async fn main() {
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds().join(",");
     let redis_url = redis.url();
-    let stores: [(&'static str, Vec<&str>); 3] = [
+    let stores: [(&'static str, Vec<&str>); 4] = [
         ("ratelimit, memory", vec![]),
         (
             "ratelimit, standalone Redis",
             vec!["--store", "redis", "--redis-url", &redis_url],
+        ),
+        (
+            "ratelimit, standalone Redis, hot counters claimed",
+            vec![
+                "--store",
+                "redis",
+                "--redis-url",
+                &redis_url,
+                "--hot-descriptor-rate",
+                "100",
+            ],
         ),
         (
             "ratelimit, Redis Cluster",

@@ -301,3 +301,53 @@ async fn each_call_of_a_batch_is_charged_by_its_own_mode() {
         }
     }
 }
+
+/// A give-back's deadline is its window's end, milliseconds away: batched with callers' calls
+/// it gave them all up at it (the hot counters' give-backs near a sub-window's end failed
+/// calls with seconds left). It goes in a script call of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_never_gives_up_the_calls_batched_beside_it() {
+    use portcullis::store::Store;
+    use tokio::time::Instant;
+    let redis = RedisServer::start();
+    let config = crate::common::redis::plain_config(Topology::Standalone(redis.url()), 1);
+    let store = portcullis::store::RedisStore::new(&config, "b5:", Default::default()).unwrap();
+    store
+        .probe(Duration::from_secs(10))
+        .await
+        .expect("Redis usable");
+    let store = Arc::new(store);
+    let mut failed = Vec::new();
+    for _ in 0..5 {
+        let calls: Vec<_> = (0..400u32)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut check = check_of(&format!("k{}", i % 40), hourly(1_000_000));
+                    if i % 5 == 0 {
+                        // A give-back into a window ending a millisecond from now.
+                        check.refund = true;
+                        let ends = Instant::now() + Duration::from_millis(1);
+                        let _ = store.give_back(&[check], ends).await;
+                        return None;
+                    }
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    Some(store.check(&[check], deadline, ChargeMode::EachAlone).await)
+                })
+            })
+            .collect();
+        for call in calls {
+            if let Some(answers) = call.await.unwrap()
+                && let Err(e) = &answers[0]
+            {
+                failed.push(e.to_string());
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} calls failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+}

@@ -1,7 +1,7 @@
 //! Hot counters decided in the replica (`--hot-descriptor-rate`, `store::hot`) on real Redis:
 //! three replicas calling one counter as fast as they can never pass a minute's limit between
-//! them (fixed window, sliding window, bucket; standalone and Cluster) and admit nearly all of
-//! it; on a counter far from its limit nearly every call is answered without a script call; a
+//! them (fixed window, sliding window, bucket; standalone and Cluster), nor a second's over
+//! three seconds, and admit nearly all of it; on a counter far from its limit nearly every call is answered without a script call; a
 //! replica that stops gives back what it claimed, one that dies holds it (counted, never
 //! admitted) until its window ends.
 
@@ -149,24 +149,70 @@ async fn within_the_limit(topology: impl Fn() -> Topology, port: u16, what: &str
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_replicas_never_pass_a_minute_limit_on_standalone_redis() {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    within_the_limit(
-        || Topology::Standalone(url.clone()),
-        redis.port,
-        "standalone",
-    )
-    .await;
+/// Three replicas on a second's rule for three seconds: within the limit of every window the
+/// run touched (on Redis' clock), and at least the whole windows' limits less the stated bound.
+async fn within_a_seconds_limit(topology: impl Fn() -> Topology, port: u16, what: &str) {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let metrics = Arc::new(HotMetrics::default());
+        let mut replicas = Vec::new();
+        for _ in 0..3 {
+            replicas.push(replica(topology(), &metrics).await);
+        }
+        let l = Limit {
+            algorithm,
+            requests: 400,
+            window_us: 1_000_000,
+            burst: 400,
+        };
+        let key = format!("{{d|second={what}{algorithm:?}}}");
+        let start = redis_now_us(port);
+        let admitted: u64 = hammer(&replicas, &key, l, Duration::from_secs(3))
+            .await
+            .iter()
+            .sum();
+        let end = redis_now_us(port);
+        // Fixed: the windows the run touched. Sliding: every interval of a second holds at
+        // most the limit, and the run is covered by that many.
+        let touched = match algorithm {
+            Algorithm::FixedWindow => end / 1_000_000 - start / 1_000_000 + 1,
+            _ => (end - start).div_ceil(1_000_000),
+        };
+        println!(
+            "{what} {algorithm:?} 400/s: {admitted} in {} ms, from claims {}, lapsed {}",
+            (end - start) / 1000,
+            metrics.decisions.get(),
+            metrics.lapsed_hits.get()
+        );
+        assert!(
+            admitted <= touched * 400,
+            "{what} {algorithm:?}: {admitted} admitted in {touched} windows of 400"
+        );
+        // Two whole windows at least, less what lapses under a quarter of the limit and two
+        // claims per replica per window (a sliding window forgets a sub-window late).
+        assert!(
+            admitted >= 2 * (400 * 60 / 61 - 100 - 3 * 2 * 25),
+            "{what} {algorithm:?}: only {admitted} admitted"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_replicas_never_pass_a_minute_limit_on_a_cluster() {
+async fn three_replicas_never_pass_a_minute_or_a_seconds_limit_on_standalone_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let standalone = || Topology::Standalone(url.clone());
+    within_the_limit(standalone, redis.port, "standalone").await;
+    within_a_seconds_limit(standalone, redis.port, "standalone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_never_pass_a_minute_or_a_seconds_limit_on_a_cluster() {
     let cluster = RedisCluster::start();
     let seeds = cluster.seeds();
     let port = cluster.master_of("{d|hot=clusterFixedWindow}");
     within_the_limit(|| Topology::Cluster(seeds.clone()), port, "cluster").await;
+    let port = cluster.master_of("{d|second=clusterFixedWindow}");
+    within_a_seconds_limit(|| Topology::Cluster(seeds.clone()), port, "cluster").await;
 }
 
 /// A counter far from its limit: after its rate is seen, calls are answered from claims, one

@@ -52,6 +52,10 @@ pub struct Delivery {
     pub carries_deadline: bool,
     /// Its charges count the RLQS grants' claims (`claims.rs`).
     pub claims: bool,
+    /// A give-back, whose deadline is the end of the window it gives back into (milliseconds
+    /// away, not a caller's timeout): in a script call of its own, so that no call batched
+    /// with it is given up at that deadline.
+    pub alone: bool,
 }
 
 /// One call's part of a batch: its keys, and its arguments as the script reads them per call
@@ -136,11 +140,13 @@ pub(super) struct Merged {
 /// Where a call's deadline sits in its arguments (after its clock).
 const DEADLINE_ARG: usize = 1;
 
-/// Splits jobs into the calls that wait for their callers and the late ones: each group goes in
-/// script calls of its own, so that a late call is never given up at another caller's deadline.
-pub(super) fn by_delivery<T>(jobs: Vec<T>, job: impl Fn(&T) -> &Job) -> [Vec<T>; 2] {
-    let (late, waited): (Vec<T>, Vec<T>) = jobs.into_iter().partition(|j| job(j).delivery.late);
-    [waited, late]
+/// Splits jobs into the calls that wait for their callers, the late ones and the give-backs:
+/// each group goes in script calls of its own, so that a late call is never given up at another
+/// caller's deadline, nor a caller's call at a give-back's (its window's end).
+pub(super) fn by_delivery<T>(jobs: Vec<T>, job: impl Fn(&T) -> &Job) -> [Vec<T>; 3] {
+    let (alone, rest): (Vec<T>, Vec<T>) = jobs.into_iter().partition(|j| job(j).delivery.alone);
+    let (late, waited): (Vec<T>, Vec<T>) = rest.into_iter().partition(|j| job(j).delivery.late);
+    [waited, late, alone]
 }
 
 pub(super) fn merge(jobs: Vec<Job>, clock: &RedisClock) -> Merged {
@@ -363,8 +369,9 @@ async fn dispatch(node: Arc<Node>, mut queue: mpsc::Receiver<Job>, free: Arc<Sem
         }
         let node = node.clone();
         tokio::spawn(async move {
-            let [waited, late] = by_delivery(live, |j| j);
-            futures_util::future::join(send(&node, waited), send(&node, late)).await;
+            let [waited, late, alone] = by_delivery(live, |j| j);
+            futures_util::future::join3(send(&node, waited), send(&node, late), send(&node, alone))
+                .await;
             drop(permit);
         });
     }

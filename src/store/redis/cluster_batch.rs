@@ -195,9 +195,13 @@ fn spawn_call(
     };
     tokio::spawn(async move {
         let _freed = freed;
-        let [waited, late] = by_delivery(jobs, |(_, j)| j);
-        futures_util::future::join(send(&shared, waited, &clock), send(&shared, late, &clock))
-            .await;
+        let [waited, late, alone] = by_delivery(jobs, |(_, j)| j);
+        futures_util::future::join3(
+            send(&shared, waited, &clock),
+            send(&shared, late, &clock),
+            send(&shared, alone, &clock),
+        )
+        .await;
     });
 }
 

@@ -166,6 +166,7 @@ impl RedisStore {
             late,
             carries_deadline: !late && clock == ScriptClock::RedisTime,
             claims: self.counting_claims(),
+            alone: false,
         };
         let mode = if late { ChargeMode::EachAlone } else { mode };
         let mut replies = self
@@ -208,6 +209,8 @@ impl RedisStore {
             carries_deadline: true,
             // Refunds count no claims.
             claims: false,
+            // Its deadline is its window's end, not a caller's timeout.
+            alone: true,
         };
         let mut replies = self
             .dispatch(
