@@ -107,3 +107,50 @@ async fn a_replica_in_the_go_mode_counts_the_grants_claims() {
     a.stop().await;
     go.stop().await;
 }
+
+/// A replica deciding hot counters from claims (`--hot-descriptor-rate`) beside a gateway that
+/// holds part of a rule: it never claims the held descriptor (its calls go to Redis, counting
+/// the gateway's claim; a claim there would be spent where the gateways' shares never see it as
+/// demand), and its calls are RLS demand, so the gateway's share leaves RLS its part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_replica_leaves_a_held_descriptor_to_redis_and_its_calls_are_demand() {
+    let redis = RedisServer::start();
+    let hot = replica(|s| {
+        redis_settings(s, &redis);
+        s.rlqs.rlqs = false;
+        s.hot_descriptor_rate = 5.0;
+    })
+    .await;
+    let a = replica(|s| redis_settings(s, &redis)).await;
+    // A minute's rule (120): the gateway's grant claims a few of its window, the rest is room a
+    // replica could claim.
+    let team: &[(&str, &str)] = &[("team", "hot")];
+    let mut gateway = Gateway::open(&a).await;
+    let first = assigned(&gateway.report("edge", &[(team, 30, 0)]).await.unwrap()[0]);
+    assert!(tokens_per_second(&first) >= 1.9, "{first}");
+    let started = std::time::Instant::now();
+    loop {
+        // Hot on this replica: 20 calls in about 100 ms.
+        for _ in 0..20 {
+            hot.ok(common::request("edge", &[team])).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let now = assigned(&gateway.report("edge", &[(team, 1, 0)]).await.unwrap()[0]);
+        if tokens_per_second(&now) < 1.9 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the hot replica's calls never reached the gateway's share: {now}"
+        );
+    }
+    let hot_metrics = &hot.running.as_ref().expect("running").metrics.hot;
+    assert_eq!(
+        hot_metrics.claims_taken.get(),
+        0,
+        "a held descriptor was claimed"
+    );
+    assert_eq!(hot_metrics.decisions.get(), 0);
+    a.stop().await;
+    hot.stop().await;
+}
