@@ -30,6 +30,8 @@ const SWEEP: Duration = Duration::from_millis(100);
 const QUIET_US: u64 = 100_000;
 /// A counter without a call (and without a claim) for this long is forgotten.
 const FORGET_US: u64 = 1_000_000;
+/// A counter not followed yet starts to be at one of this many calls on counters not followed.
+const SAMPLE: usize = 8;
 
 /// What a replica decides from claims, and how it takes them.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +57,8 @@ struct Shared {
     tally: Option<Arc<RlsTally>>,
     metrics: Arc<HotMetrics>,
     takes_in_flight: AtomicUsize,
+    /// Calls on counters not followed, for `SAMPLE`.
+    unseen: AtomicUsize,
     settled: tokio::sync::Notify,
     /// Told whenever a take is answered (calls wait on it for their claim).
     taken: tokio::sync::Notify,
@@ -69,6 +73,8 @@ struct Decided {
     back: Vec<(Check, Chunk)>,
     /// A claim the call needs is being taken: worth waiting for.
     wait: bool,
+    /// Some counter of the call is followed (the store's answer is worth noting).
+    tracked: bool,
 }
 
 fn refund_of(key: &str, claim: &Claim, hits: u64) -> Check {
@@ -107,6 +113,7 @@ impl HotStore {
                 tally,
                 metrics,
                 takes_in_flight: AtomicUsize::new(0),
+                unseen: AtomicUsize::new(0),
                 settled: tokio::sync::Notify::new(),
                 taken: tokio::sync::Notify::new(),
                 take_log: LogThrottle::default(),
@@ -182,18 +189,26 @@ impl Shared {
             takes: Vec::new(),
             back: Vec::new(),
             wait: false,
+            tracked: false,
         };
         let mut lapsed = 0;
         let mut awaited = false;
         let mut covered = true;
         for check in checks {
             if !claims.contains_key(&check.key) {
-                if claims.len() >= MAX_TRACKED {
+                // A counter is followed from one of its calls in `SAMPLE` (a hot one is within
+                // a few calls): most calls on cold counters insert nothing.
+                let sampled = self
+                    .unseen
+                    .fetch_add(1, Ordering::Relaxed)
+                    .is_multiple_of(SAMPLE);
+                if !count || !sampled || claims.len() >= MAX_TRACKED {
                     covered = false;
                     continue;
                 }
                 claims.insert(check.key.clone(), Claim::new(check.limit, now));
             }
+            found.tracked = true;
             let claim = claims.get_mut(&check.key).expect("inserted above");
             if claim.limit != check.limit {
                 // The rule changed: what was claimed under the old limit is not spent.
@@ -434,6 +449,7 @@ impl Store for HotStore {
             takes,
             back,
             wait,
+            tracked,
         } = shared.decide_here(checks, now, true);
         shared.spawn_takes(takes, back);
         if let Some(decisions) = decisions {
@@ -447,7 +463,9 @@ impl Store for HotStore {
             }
             let sent = shared.clock.now_us();
             let answers = shared.inner.check(checks, deadline, mode).await;
-            shared.learn(checks, &answers, sent);
+            if tracked {
+                shared.learn(checks, &answers, sent);
+            }
             answers
         })
     }
