@@ -8,8 +8,9 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use super::give_back::QUIET_US;
 use super::*;
-use crate::algorithm::Limit;
+use crate::algorithm::{Algorithm, Limit};
 use crate::clock::ManualClock;
 use crate::store::MemoryStore;
 use crate::store::hot_claim::HORIZON_US;

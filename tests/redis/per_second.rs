@@ -89,6 +89,9 @@ async fn go_mode_counts_per_second_limits_in_the_per_second_redis() {
     // A per-second counter lives one second: on a loaded machine it may be gone before it is
     // looked for, so a key that expired counts as held (the hour counter never expires, and
     // the per-second Redis holds nothing else).
+    // Expiries read before and after the keys: one that expires in between is in the keys and
+    // in the second count, never in the first.
+    let gone_fast_before = expired(fast.port);
     let (mut in_main, in_fast) = (keys(main.port), keys(fast.port));
     let (gone_main, gone_fast) = (expired(main.port), expired(fast.port));
     // Beside the counters, the mark that keeps replicas serving RLQS off this main Redis.
@@ -96,8 +99,10 @@ async fn go_mode_counts_per_second_limits_in_the_per_second_redis() {
     in_main.retain(|k| !k.ends_with("{rlqs-in-use}:blind"));
     assert_eq!(marks - in_main.len(), 1, "the per-second mark: {in_main:?}");
     assert!(
-        in_fast.iter().all(|k| k.contains("burst")) && in_fast.len() as u64 + gone_fast == 1,
-        "per-second Redis holds {in_fast:?} and {gone_fast} expired"
+        in_fast.iter().all(|k| k.contains("burst"))
+            && in_fast.len() as u64 + gone_fast_before <= 1
+            && in_fast.len() as u64 + gone_fast >= 1,
+        "per-second Redis holds {in_fast:?} and {gone_fast_before}, then {gone_fast} expired"
     );
     assert!(
         !in_main.is_empty() && in_main.iter().all(|k| k.contains("user")) && gone_main == 0,
