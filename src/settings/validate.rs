@@ -81,6 +81,13 @@ impl Settings {
                 "the store is memory (the deny cache serves Redis only)",
                 "set --store redis",
             );
+            family(
+                "--hot-descriptor-rate",
+                false,
+                "the store is memory (hot counters are claimed in Redis only: the memory store \
+                 decides every call in this replica already)",
+                "set --store redis",
+            );
         }
         // Grants claim their part of a rule beside its counters in the main Redis; a per-second
         // Redis holds per-second counters where no claim is, so RLS there would spend a second's

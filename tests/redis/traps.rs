@@ -66,6 +66,8 @@ fn flags_of_a_part_switched_off_are_refused_naming_them() {
         "edge-1",
         "--deny-cache-max-age",
         "2s",
+        "--hot-descriptor-rate",
+        "100",
     ]);
     assert_eq!(code, 1, "{out}");
     assert!(
@@ -74,6 +76,10 @@ fn flags_of_a_part_switched_off_are_refused_naming_them() {
     );
     assert!(
         out.contains("--deny-cache-max-age set, but the store is memory"),
+        "{out}"
+    );
+    assert!(
+        out.contains("--hot-descriptor-rate set, but the store is memory"),
         "{out}"
     );
     // With their switch on, the same flags are taken.
