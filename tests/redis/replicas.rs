@@ -55,9 +55,19 @@ async fn two_instances_admit_exactly_the_limit(adjust: impl Fn(&mut Settings) + 
     let b = TestServer::start_with(&[("s.yaml", SHARED_RULES)], adjust).await;
     let clients = [a.client.clone(), b.client.clone()];
     for key in ["sliding", "bucket", "fixed"] {
+        let started = std::time::Instant::now();
         let admitted =
             common::count_admitted(&clients, request("shared", &[&[(key, "one")]]), 300).await;
-        assert_eq!(admitted, 100, "{key}");
+        // The bucket refills a token every 0.6 s: the calls of a loaded machine (a Valkey pass
+        // beside the benchmarks' smoke runs took longer once) may meet that many more.
+        let refilled = match key {
+            "bucket" => (started.elapsed().as_secs_f64() / 0.6) as usize,
+            _ => 0,
+        };
+        assert!(
+            (100..=100 + refilled).contains(&admitted),
+            "{key}: {admitted} admitted, of 100 and {refilled} refilled"
+        );
     }
     a.stop().await;
     b.stop().await;
