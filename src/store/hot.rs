@@ -8,7 +8,7 @@
 //! counter RLQS gateways hold part of (their shares need this replica's RLS calls as demand).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +57,9 @@ struct Shared {
     /// Told whenever a take is answered (calls wait on it for their claim).
     taken: tokio::sync::Notify,
     take_log: LogThrottle,
+    /// Stopping: no claim is taken or spent any more; every call goes to the store, and a take
+    /// answered after the final give-back gives itself back at once.
+    closed: AtomicBool,
 }
 
 /// What `decide_here` found: the answers when claims cover the call, the claims to take, and
@@ -111,6 +114,7 @@ impl HotStore {
                 settled: tokio::sync::Notify::new(),
                 taken: tokio::sync::Notify::new(),
                 take_log: LogThrottle::default(),
+                closed: AtomicBool::new(false),
             }),
         }
     }
@@ -157,6 +161,9 @@ impl Shared {
             wait: false,
             tracked: false,
         };
+        if self.closed.load(Ordering::Acquire) {
+            return found;
+        }
         let mut lapsed = 0;
         let mut awaited = false;
         let mut covered = true;
@@ -257,6 +264,7 @@ impl Shared {
             .into_iter()
             .next();
         let now = self.clock.now_us();
+        let mut back = Vec::new();
         {
             let mut claims = self.lock();
             let claim = claims.get_mut(&take.key).filter(|c| c.limit == take.limit);
@@ -265,6 +273,15 @@ impl Shared {
                     if claim.took(sent, take.hits, &decision, now) {
                         self.metrics.claims_taken.inc();
                         self.metrics.claimed_hits.inc_by(take.hits);
+                        // Answered after the final give-back (the replica is stopping): nobody
+                        // will spend it.
+                        if self.closed.load(Ordering::Acquire) {
+                            back = claim
+                                .take_unspent()
+                                .into_iter()
+                                .map(|chunk| (refund_of(&take.key, claim, chunk.hits), chunk))
+                                .collect();
+                        }
                     } else {
                         self.metrics.claims_refused.inc();
                     }
@@ -291,6 +308,9 @@ impl Shared {
                     }
                 }
             }
+        }
+        for (refund, chunk) in back {
+            self.give_back(refund, chunk).await;
         }
         self.taken.notify_waiters();
         self.done();
@@ -350,7 +370,11 @@ impl Store for HotStore {
         mode: ChargeMode,
     ) -> StoreFuture<'a> {
         let shared = &self.shared;
-        if mode == ChargeMode::Probe || checks.is_empty() || !checks.iter().all(eligible) {
+        if mode == ChargeMode::Probe
+            || checks.is_empty()
+            || !checks.iter().all(eligible)
+            || shared.closed.load(Ordering::Acquire)
+        {
             return shared.inner.check(checks, deadline, mode);
         }
         let now = shared.clock.now_us();

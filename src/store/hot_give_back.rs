@@ -2,6 +2,7 @@
 //! `SWEEP`, and every claim at shutdown; a window's only within the period it was counted in.
 //! It must never give back into a period other than the one the claim was counted in.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -17,8 +18,8 @@ pub(super) const QUIET_US: u64 = 100_000;
 const FORGET_US: u64 = 1_000_000;
 
 impl HotStore {
-    /// Gives back the claims of counters gone quiet every `SWEEP`, and every claim once
-    /// `stopped` turns true (shutdown, after a drain).
+    /// Gives back the claims of counters gone quiet every `SWEEP`, and closes the store once
+    /// `stopped` turns true (shutdown, after a drain): every claim given back.
     pub fn spawn_sweeper(
         &self,
         mut stopped: tokio::sync::watch::Receiver<bool>,
@@ -32,21 +33,47 @@ impl HotStore {
                     _ = tick.tick() => false,
                     _ = stopped.wait_for(|s| *s) => true,
                 };
-                shared.sweep(stop).await;
                 if stop {
+                    shared.close().await;
                     return;
                 }
+                shared.sweep(false).await;
             }
         })
     }
 
-    /// One sweep now (`all`: every claim given back, as at shutdown).
+    /// What a stop does (`Shared::close`): every call to the store from now on, every claim
+    /// given back.
+    pub async fn close(&self) {
+        self.shared.close().await;
+    }
+
+    /// One sweep now (`all`: every claim given back).
     pub async fn sweep(&self, all: bool) {
         self.shared.sweep(all).await;
     }
 }
 
 impl Shared {
+    /// The replica stops: from now on every call goes to the store, every unspent claim is
+    /// given back, and the takes still on their way give themselves back as they land (waited
+    /// for, at most a store deadline and a half), so that the counters hold exactly what this
+    /// replica admitted.
+    async fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.sweep(true).await;
+        let landed = async {
+            loop {
+                let settled = self.settled.notified();
+                if self.takes_in_flight.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                settled.await;
+            }
+        };
+        let _ = tokio::time::timeout(self.config.store_timeout * 3 / 2, landed).await;
+    }
+
     /// Gives back the unspent claims of counters gone quiet (`all`: every claim), and forgets
     /// counters idle long enough.
     async fn sweep(&self, all: bool) {

@@ -53,7 +53,7 @@ fn redis_now_us(port: u16) -> u64 {
 
 /// Waits, if need be, until Redis' minute has at least 15 s left: the run stays inside one
 /// fixed window.
-async fn inside_one_minute(port: u16) {
+pub(crate) async fn inside_one_minute(port: u16) {
     let left = MINUTE_US - redis_now_us(port) % MINUTE_US;
     if left < 15_000_000 {
         tokio::time::sleep(Duration::from_micros(left + 50_000)).await;
@@ -279,7 +279,7 @@ async fn a_stopped_replica_gives_its_claim_back_and_a_dead_one_holds_it() {
         let counted = 100_000 - probe(looker.clone(), key).await;
         assert_eq!(counted, admitted[0] + held, "{key}: the claim is counted");
         if stops {
-            r.sweep(true).await;
+            r.close().await;
             assert_eq!(r.claimed(key), 0);
             assert_eq!(100_000 - probe(looker.clone(), key).await, admitted[0]);
         } else {

@@ -17,6 +17,7 @@ mod failover;
 mod failover_promoted;
 mod go_compat;
 mod hot;
+mod hot_drain;
 mod late_charges;
 mod layered;
 mod one_budget;
