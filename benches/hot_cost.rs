@@ -50,7 +50,9 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        println!("| algorithm | memory ns/call | through the hot store ns/call | difference ns | ratio |");
+        println!(
+            "| algorithm | memory ns/call | through the hot store ns/call | difference ns | ratio |"
+        );
         println!("|---|---|---|---|---|");
         for algorithm in [
             Algorithm::SlidingWindow,

@@ -10,6 +10,9 @@ pub struct Tally {
     pub errors: u64,
     pub first_problem: Option<String>,
     pub latencies_us: Vec<u32>,
+    /// When each admitted call was answered (µs since the epoch, the host clock Redis shares
+    /// here): rows at their limit only.
+    pub admitted_at_us: Vec<u64>,
 }
 
 impl Tally {
@@ -21,6 +24,25 @@ impl Tally {
             self.first_problem = other.first_problem;
         }
         self.latencies_us.extend(other.latencies_us);
+        self.admitted_at_us.extend(other.admitted_at_us);
+    }
+
+    /// Admitted per whole second of the run (the partial first and last left out), sorted.
+    pub fn admitted_per_second(&self) -> Vec<u64> {
+        let mut per: std::collections::BTreeMap<u64, u64> = Default::default();
+        for t in &self.admitted_at_us {
+            *per.entry(t / 1_000_000).or_default() += 1;
+        }
+        let (Some(first), Some(last)) =
+            (per.keys().next().copied(), per.keys().next_back().copied())
+        else {
+            return Vec::new();
+        };
+        let mut whole: Vec<u64> = (first + 1..last)
+            .map(|s| per.get(&s).copied().unwrap_or(0))
+            .collect();
+        whole.sort_unstable();
+        whole
     }
 
     pub fn percentile(&self, p: f64) -> f64 {
@@ -83,7 +105,13 @@ pub async fn drive(
                     tally.calls += 1;
                     match answer {
                         Ok(answer) => {
-                            if let Err(problem) = scenario.verify(&answer.into_inner()) {
+                            let answer = answer.into_inner();
+                            if matches!(scenario, Scenario::AtLimit(..))
+                                && answer.overall_code == Code::Ok as i32
+                            {
+                                tally.admitted_at_us.push(wall_us());
+                            }
+                            if let Err(problem) = scenario.verify(&answer) {
                                 tally.wrong += 1;
                                 tally.first_problem.get_or_insert(problem);
                             }
@@ -107,6 +135,13 @@ pub async fn drive(
     }
     tally.latencies_us.sort_unstable();
     (tally, start.elapsed())
+}
+
+/// Microseconds since the epoch on the host clock.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 pub async fn connect(addr: SocketAddr, connections: usize) -> Vec<Channel> {

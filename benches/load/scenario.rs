@@ -23,7 +23,15 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: at_sw
+    rate_limit: {unit: second, requests_per_unit: 3000}
+  - key: at_fw
+    rate_limit: {unit: second, requests_per_unit: 3000, algorithm: fixed_window}
 "#;
+
+/// The limit of the rows at their limit (`at_sw`, `at_fw`: a second's rule), below what the
+/// generator offers on every store: what a second admits of it is the row's result.
+pub const AT_LIMIT: u64 = 3000;
 
 /// A 10-line GCRA decision: TIME, GET, SET PX. The Redis ceiling: what one decision per script
 /// call costs at the least.
@@ -43,6 +51,9 @@ pub enum Scenario {
     One(&'static str, &'static str),
     /// One hot key, every call refused.
     Denied,
+    /// One descriptor per call on one key of `AT_LIMIT` a second, offered more: every second
+    /// admits its limit, less what the store under-admits (label, key).
+    AtLimit(&'static str, &'static str),
     /// Three descriptors per call, every call allowed.
     Three,
     /// One descriptor per call over this many distinct values, every call allowed.
@@ -57,6 +68,7 @@ impl Scenario {
         match self {
             Scenario::One(label, _) => format!("one descriptor, {label}"),
             Scenario::Denied => "one hot key, denied".into(),
+            Scenario::AtLimit(label, _) => format!("one descriptor at its limit, {label}"),
             Scenario::Three => "three descriptors".into(),
             Scenario::ManyKeys(n) => format!("{}k distinct keys", n / 1000),
             Scenario::Concurrency => "concurrency, a hold and a release".into(),
@@ -74,7 +86,9 @@ impl Scenario {
             is_negative_hits: false,
         };
         let descriptors = match self {
-            Scenario::One(_, key) => vec![descriptor(key, "x".into())],
+            Scenario::One(_, key) | Scenario::AtLimit(_, key) => {
+                vec![descriptor(key, "x".into())]
+            }
             Scenario::Denied => vec![descriptor("deny", "x".into())],
             Scenario::Three => ["a", "b", "c"]
                 .iter()
@@ -98,6 +112,10 @@ impl Scenario {
     pub fn verify(self, answer: &RateLimitResponse) -> Result<(), String> {
         let want = match self {
             Scenario::Denied => Code::OverLimit,
+            // Either: what a second admits is counted apart.
+            Scenario::AtLimit(..) if answer.overall_code == Code::OverLimit as i32 => {
+                Code::OverLimit
+            }
             _ => Code::Ok,
         };
         if answer.overall_code == want as i32 {
@@ -126,10 +144,12 @@ impl Scenario {
     }
 }
 
-pub const ALL: [Scenario; 7] = [
+pub const ALL: [Scenario; 9] = [
     Scenario::One("sliding window", "sw"),
     Scenario::One("token bucket", "tb"),
     Scenario::One("fixed window", "fw"),
+    Scenario::AtLimit("sliding window", "at_sw"),
+    Scenario::AtLimit("fixed window", "at_fw"),
     Scenario::Denied,
     Scenario::Three,
     Scenario::ManyKeys(100_000),
