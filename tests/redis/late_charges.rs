@@ -1,6 +1,7 @@
 //! Consumption is never dropped for being late: a refund or a post-paid charge (Envoy's
 //! stream-done call, an LLM's tokens) whose caller was answered before Redis answered is still
-//! sent and recorded, on standalone and Cluster. And the other side of the same contract: a
+//! sent and recorded, on standalone and Cluster; but a late refund into a window gives back only
+//! into the period it was made in, never into the next. And the other side of the same contract: a
 //! script call given up at its first caller's deadline charges none of its calls afterwards, and
 //! a Cluster node whose clock runs ahead of the others still decides its calls.
 
@@ -107,9 +108,33 @@ fn pause(port: u16, ms: u64) {
     );
 }
 
+/// Redis' clock, in microseconds.
+fn redis_now_us(port: u16) -> u64 {
+    let out = cli(port, &["TIME"]);
+    let mut parts = out.split_whitespace().map(|p| p.parse::<u64>().unwrap());
+    parts.next().unwrap() * 1_000_000 + parts.next().unwrap()
+}
+
+/// Waits, if need be, until Redis' clock is at least `from` and at most `to` µs into a period
+/// of `period` µs.
+async fn into_period(port: u16, period: u64, from: u64, to: u64) {
+    let at = redis_now_us(port) % period;
+    if at < from || at > to {
+        let wait = (period + from - at) % period;
+        tokio::time::sleep(Duration::from_micros(wait)).await;
+    }
+}
+
+/// The refunds below are late by up to a second; an hourly sliding window's refund gives back
+/// only within the sub-window (a minute) it was made in: kept clear of a minute's turn.
+async fn clear_of_a_minute_turn(port: u16) {
+    into_period(port, 60_000_000, 1_000_000, 55_000_000).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_and_a_post_paid_charge_held_past_their_deadline_are_recorded() {
     let redis = RedisServer::start();
+    clear_of_a_minute_turn(redis.port).await;
     let metrics = std::sync::Arc::new(Metrics::default());
     let store = store_counted(Topology::Standalone(redis.url()), "l1:", 2, metrics.clone()).await;
     // Spent 3 of 5, and the store knows Redis' clock.
@@ -145,6 +170,7 @@ async fn a_refund_and_a_post_paid_charge_held_past_their_deadline_are_recorded()
 async fn a_refund_whose_deadline_passes_in_the_queue_is_still_sent() {
     let redis = RedisServer::start();
     let store = store_on(Topology::Standalone(redis.url()), "l2:", 1).await;
+    clear_of_a_minute_turn(redis.port).await;
     assert!(within(&store, &[check("q", 4)], Duration::from_secs(2)).await[0].is_ok());
     pause(redis.port, 400);
     // The one connection is busy with this call, which waits out the pause.
@@ -216,6 +242,7 @@ async fn on_cluster_a_refund_held_past_its_deadline_is_recorded() {
     let store = store_on(Topology::Cluster(cluster.seeds()), "l4:", 2).await;
     assert!(within(&store, &[check("c", 3)], Duration::from_secs(2)).await[0].is_ok());
     let master = cluster.master_of(&format!("l4:{}", check("c", 1).key));
+    clear_of_a_minute_turn(master).await;
     pause(master, 500);
     let refunded = within(&store, &[refund("c", 3)], Duration::from_millis(50)).await;
     assert!(
@@ -228,6 +255,72 @@ async fn on_cluster_a_refund_held_past_its_deadline_is_recorded() {
         "the pause held the charge past its deadline"
     );
     until_remaining(&store, "c", 4).await;
+}
+
+/// A refund held on its way (this replica's link to Redis partitioned) past the end of the fixed
+/// window it was made in, while another replica spends the next window: when it lands, it gives
+/// nothing back into that next window (which would hand out its hits a second time), and is
+/// counted as past its period. Before, it landed in the next window: 20 admitted of 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_refund_never_gives_back_into_the_next_window() {
+    let redis = RedisServer::start();
+    let proxy = crate::common::proxy::Proxy::start(redis.port).await;
+    let metrics = std::sync::Arc::new(Metrics::default());
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let held = store_counted(Topology::Standalone(url), "l6:", 1, metrics.clone()).await;
+    let other = store_on(Topology::Standalone(redis.url()), "l6:", 1).await;
+    const WINDOW: u64 = 2_000_000;
+    let limit = Limit {
+        algorithm: Algorithm::FixedWindow,
+        requests: 10,
+        window_us: WINDOW,
+        burst: 10,
+    };
+    let spend = |hits: u64, refund: bool| Check {
+        key: key::counter_key("late", [("user", "f")], &limit, None),
+        limit,
+        hits,
+        refund,
+        post_paid: false,
+    };
+    // Early in a window: the held replica spends the window.
+    into_period(redis.port, WINDOW, 100_000, 600_000).await;
+    let spent = within(&held, &[spend(10, false)], Duration::from_secs(2)).await;
+    assert!(spent[0].as_ref().unwrap().allowed);
+    // Its refund of them is held on the way past its caller's deadline...
+    proxy.partition(true);
+    let refunded = within(&held, &[spend(10, true)], Duration::from_millis(50)).await;
+    assert!(refunded[0].is_err(), "the partition held the refund");
+    // ...and past the window's end, while the other replica spends the next window whole.
+    let at = redis_now_us(redis.port) % WINDOW;
+    tokio::time::sleep(Duration::from_micros(WINDOW - at + 100_000)).await;
+    let next = within(&other, &[spend(10, false)], Duration::from_secs(2)).await;
+    assert!(next[0].as_ref().unwrap().allowed);
+    proxy.partition(false);
+    // The refund lands (or is turned away) once the link heals.
+    let landed = |result: &str| {
+        let series = format!("portcullis_store_late_charges_total{{result=\"{result}\"}} ");
+        metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()).map(str::to_owned))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while landed("past_its_period") + landed("recorded") + landed("lost") == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the late refund never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let more = within(&other, &[spend(1, false)], Duration::from_secs(2)).await;
+    assert!(
+        !more[0].as_ref().unwrap().allowed,
+        "the next window admits past its 10: the late refund gave back into it"
+    );
+    assert_eq!(landed("past_its_period"), 1, "{}", metrics.encode());
 }
 
 /// One master's clock runs a second ahead of the others'. Calls alternate between a key on it

@@ -56,6 +56,11 @@ pub struct Delivery {
     /// away, not a caller's timeout): in a script call of its own, so that no call batched
     /// with it is given up at that deadline.
     pub alone: bool,
+    /// A late refund that belongs to one period of its counter (a fixed window, a sliding
+    /// window's sub-window) of this many µs (0: none): it is not run past the end of the period
+    /// current when it was made, on the node's clock as estimated then (never later than the
+    /// truth), where it would give back into the next.
+    pub period_us: u64,
 }
 
 /// One call's part of a batch: its keys, and its arguments as the script reads them per call
@@ -70,6 +75,8 @@ pub(super) struct Job {
     pub(super) send_until: Instant,
     pub(super) delivery: Delivery,
     pub(super) reply: oneshot::Sender<Result<Vec<KeyReply>, StoreError>>,
+    /// When it was made (a late refund's period is the one current then).
+    pub(super) made: Instant,
 }
 
 impl Job {
@@ -105,6 +112,7 @@ pub(super) async fn submit<T>(
         send_until,
         delivery,
         reply,
+        made: Instant::now(),
     };
     queue.try_send(wrap(job)).map_err(|e| match e {
         mpsc::error::TrySendError::Full(_) => StoreError::Unavailable(
@@ -164,7 +172,10 @@ pub(super) fn merge(jobs: Vec<Job>, clock: &RedisClock) -> Merged {
     let mut jobs = jobs;
     for job in &mut jobs {
         if let Some(arg) = job.args.get_mut(DEADLINE_ARG) {
-            *arg = if job.delivery.carries_deadline {
+            *arg = if job.delivery.period_us > 0 {
+                i64::try_from(period_end(clock.on_redis(job.made), job.delivery.period_us))
+                    .unwrap_or(0)
+            } else if job.delivery.carries_deadline {
                 i64::try_from(expires_us).unwrap_or(0)
             } else {
                 0
@@ -188,6 +199,15 @@ pub(super) fn merge(jobs: Vec<Job>, clock: &RedisClock) -> Merged {
         jobs,
         deadline,
     }
+}
+
+/// The end of the period of `period_us` that `at_us` (on a node's clock; 0: not known) falls in;
+/// 0 when not known.
+fn period_end(at_us: u64, period_us: u64) -> u64 {
+    if at_us == 0 {
+        return 0;
+    }
+    at_us - at_us % period_us + period_us
 }
 
 /// Hands each job its part of the script's reply (one entry per call), or an error to all when
@@ -267,6 +287,23 @@ fn deliver(job: Job, replies: Result<Vec<KeyReply>, StoreError>, metrics: &Metri
             Ok(keys) => keys.iter().find_map(|k| k.as_ref().err()).cloned(),
             Err(e) => Some(e.clone()),
         };
+        // A late refund that reached Redis after its period: that period's budget is back
+        // anyway, and the next must not be credited.
+        let past_its_period = job.delivery.period_us > 0
+            && lost
+                .as_ref()
+                .is_some_and(super::reply::reached_after_its_deadline);
+        if past_its_period {
+            metrics
+                .late_charges
+                .get_or_create(&ResultLabels {
+                    result: "past_its_period".into(),
+                })
+                .inc();
+            tracing::debug!("a late refund reached Redis after its period: not given back");
+            let _ = job.reply.send(replies);
+            return;
+        }
         let result = if lost.is_some() { "lost" } else { "recorded" };
         metrics
             .late_charges

@@ -10,7 +10,8 @@
 //! seams: `script` (the script's arguments and reply), `send` (EVALSHA/EVAL, routing), `errors`,
 //! `clock` (deadlines on a node's clock, kept by each dispatcher), `factors` (scaling factors in
 //! Redis), `connection`. A call of refunds and post-paid charges only is consumption that has
-//! happened: it is delivered late rather than dropped (`batch::Delivery`).
+//! happened: it is delivered late rather than dropped (`batch::Delivery`), a refund into a window
+//! only within the period it was made in (`late`).
 
 pub mod batch;
 mod claims;
@@ -22,6 +23,7 @@ pub mod config;
 pub mod connection;
 mod errors;
 mod factors;
+mod late;
 mod probe;
 mod quota;
 mod reply;
@@ -167,19 +169,43 @@ impl RedisStore {
             carries_deadline: !late && clock == ScriptClock::RedisTime,
             claims: self.counting_claims(),
             alone: false,
+            period_us: 0,
         };
         let mode = if late { ChargeMode::EachAlone } else { mode };
-        let mut replies = self
-            .dispatch(&counted, clock, deadline, mode, delivery)
-            .await;
+        // A late refund into a window gives back only into the period it was made in.
+        let periods: Vec<u64> = counted
+            .iter()
+            .map(|c| match (late, clock) {
+                (true, ScriptClock::RedisTime) => late::refund_period_us(c),
+                _ => 0,
+            })
+            .collect();
+        let mut replies = if periods.iter().all(|p| *p == 0) {
+            self.dispatch(&counted, clock, deadline, mode, delivery)
+                .await
+        } else {
+            self.dispatch_in_periods(&counted, &periods, deadline, delivery)
+                .await
+        };
         replies.reverse();
         checks
             .iter()
             .map(|check| {
                 let reply = if sent(check) {
-                    Some(replies.pop().ok_or_else(|| {
+                    let reply = replies.pop().ok_or_else(|| {
                         StoreError::Protocol("script answered fewer results than keys".into())
-                    })??)
+                    })?;
+                    match reply {
+                        Err(e)
+                            if late::refund_period_us(check) > 0
+                                && reply::reached_after_its_deadline(&e) =>
+                        {
+                            // Its period ended on the way: nothing to give back (that budget
+                            // came back with the period), none given to the next.
+                            return Ok(late::past_its_period(check));
+                        }
+                        reply => Some(reply?),
+                    }
                 } else {
                     None
                 };
@@ -211,6 +237,7 @@ impl RedisStore {
             claims: false,
             // Its deadline is its window's end, not a caller's timeout.
             alone: true,
+            period_us: 0,
         };
         let mut replies = self
             .dispatch(

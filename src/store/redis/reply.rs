@@ -98,6 +98,14 @@ pub fn parse_reply_with_clock(value: &Value) -> Result<(Option<u64>, Replies), S
     Ok((clock, calls))
 }
 
+/// Whether `error` is the script's refusal to run a call that reached Redis after its deadline
+/// (`EXPIRED`, `key_error`).
+pub fn reached_after_its_deadline(error: &StoreError) -> bool {
+    matches!(error, StoreError::Unavailable(text) if text.starts_with(EXPIRED_TEXT))
+}
+
+const EXPIRED_TEXT: &str = "the call reached Redis after its deadline";
+
 /// What an error the script met on one key means for the operator (the text starts with Redis'
 /// error code, as `classify` reads it from a whole reply).
 pub fn key_error(text: &str) -> StoreError {
@@ -112,8 +120,7 @@ pub fn key_error(text: &str) -> StoreError {
              shares the prefix?): {text}"
         )),
         "EXPIRED" => StoreError::Unavailable(format!(
-            "the call reached Redis after its deadline (answered by the failure mode), so it \
-             was not run: {text}"
+            "{EXPIRED_TEXT} (answered by the failure mode), so it was not run: {text}"
         )),
         "NOREPLICAS" => StoreError::Unavailable(format!(
             "fewer replicas answer this master than its min-replicas-to-write asks, so it \
