@@ -107,13 +107,23 @@ pub(super) fn after_grant(
     }
 }
 
-/// What `layer`'s window has left for a new grant lasting `ttl_us` at `now_us`, from a check of
-/// no hits (`remaining`, every claim counted): the part of the grant's life the window holds. A
-/// bucket has none (its refill is shared by rate).
-pub(super) fn room(layer: &Check, remaining: u64, now_us: u64, ttl_us: u64) -> Option<Room> {
+/// What `layer`'s window has left for a new grant lasting `ttl_us`, from a check of no hits
+/// (`look`; `remaining` as the caller read it there, every claim counted): the part of the grant's life the window holds. A fixed window's end is the one
+/// the store's own clock gives (the look's `reset_after`): this host's clock may be off the
+/// store's, and a window taken to end sooner than it does grants its room over too short a
+/// span, more than it holds. A bucket has none (its refill is shared by rate).
+pub(super) fn room(
+    layer: &Check,
+    remaining: u64,
+    look: &crate::algorithm::Decision,
+    ttl_us: u64,
+) -> Option<Room> {
     let w = layer.limit.window_us;
     let span_us = match layer.limit.algorithm {
-        Algorithm::FixedWindow if w > 0 => ttl_us.min(now_us - now_us % w + w - now_us),
+        Algorithm::FixedWindow if w > 0 => {
+            let ends_in = u64::try_from(look.reset_after.as_micros()).unwrap_or(u64::MAX);
+            ttl_us.min(ends_in.min(w))
+        }
         Algorithm::SlidingWindow => ttl_us.min(w),
         _ => return None,
     };
@@ -215,7 +225,9 @@ impl Inner {
             if layer.limit.algorithm == Algorithm::SlidingWindow {
                 remaining = remaining.saturating_add(*charged);
             }
-            out[*h].rooms.extend(room(layer, remaining, now_us, ttl_us));
+            out[*h]
+                .rooms
+                .extend(room(layer, remaining, decision, ttl_us));
         }
         out
     }

@@ -373,3 +373,58 @@ descriptors:
     assert_eq!(words, ["allow_all ttl 3s", "tokens 10/1s max 2 ttl 3s"]);
     server.stop().await;
 }
+
+/// A fixed window's room is spread over what is left of the window on the store's clock, never
+/// this host's: a gateway reporting into a second RLS half spent is granted what the rest of that
+/// second holds (5 a second over the whole second the store has left), whatever this host's
+/// clock says of the second. Before, the window's end was taken from the host clock: with the
+/// host half-way through its second (the store at its start), the 5 left were granted over half
+/// a second, 10 a second, and the gateway could admit 10 more in a second RLS had spent half of.
+#[tokio::test]
+async fn a_fixed_windows_room_is_spread_over_the_rest_of_the_window_on_the_stores_clock() {
+    const RULE: &str = "\
+domain: edge
+descriptors:
+  - key: fixed
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window}
+";
+    let server = TestServer::start_with(&[("edge.yaml", RULE)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        s.rlqs.rlqs_push_interval = Duration::ZERO;
+    })
+    .await;
+    // The store's clock is at the start of a second (the test server's clock does not move).
+    assert_eq!(
+        portcullis::clock::Clock::now_us(&server.clock) % 1_000_000,
+        0
+    );
+    for _ in 0..5 {
+        let r = server
+            .call(common::request("edge", &[&[("fixed", "a")]]))
+            .await
+            .unwrap();
+        assert_eq!(r.overall_code, 1, "RLS spends 5 of the second's 10");
+    }
+    // This host's clock half-way through its own second.
+    let phase = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_micros()
+    };
+    let wait = (1_500_000 - phase()) % 1_000_000;
+    tokio::time::sleep(Duration::from_micros(u64::from(wait))).await;
+    let mut gateway = Gateway::open(&server).await;
+    let actions = gateway
+        .report("edge", &[(&[("fixed", "a")], 30, 0)])
+        .await
+        .unwrap();
+    assert_eq!(
+        tokens_per_second(&assigned(&actions[0])),
+        5.0,
+        "{}",
+        assigned(&actions[0])
+    );
+    server.stop().await;
+}
