@@ -5,6 +5,7 @@
 //! gateway's claim again from now (`Ask::charged`). It must never tell the store a charge
 //! landed that it does not know landed: a claim kept too long only under-admits.
 
+use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::Inner;
@@ -45,11 +46,14 @@ pub(super) fn wall_us() -> u64 {
 /// admissions are the filter's own (`no_assignment_behavior`), or, on a stream that moved,
 /// still claimed by the holder the old stream left (charging them would count them twice, and
 /// a short window would refuse the gateway for its next interval).
+/// A fixed window's current window is the store's (`window_starts`: where it began, on this
+/// host's clock, read from the store just before), when known.
 pub(super) fn charges(
     layers: &[Check],
     admitted: u64,
     last: Option<&Granted>,
     now_us: u64,
+    window_starts: &HashMap<String, u64>,
 ) -> Vec<Check> {
     let Some(g) = last.filter(|_| admitted > 0) else {
         return Vec::new();
@@ -62,7 +66,13 @@ pub(super) fn charges(
                 since_us: g.since_us,
                 ends_us: g.ends_us.min(now_us),
             };
-            let cap = claims::claimed(&[claim], &layer.limit, now_us).saturating_add(g.burst);
+            let claimed = match window_starts.get(&layer.key) {
+                Some(&start) if layer.limit.algorithm == Algorithm::FixedWindow => {
+                    in_window_from(&claim, start, now_us)
+                }
+                _ => claims::claimed(&[claim], &layer.limit, now_us),
+            };
+            let cap = claimed.saturating_add(g.burst);
             let hits = admitted.min(cap);
             (hits > 0).then(|| Check {
                 key: layer.key.clone(),
@@ -73,6 +83,39 @@ pub(super) fn charges(
             })
         })
         .collect()
+}
+
+/// What `claim` may have admitted from `start_us` (its window's start) to `now_us`, in whole
+/// requests (rounded up, as `claims::claimed`).
+fn in_window_from(claim: &Claim, start_us: u64, now_us: u64) -> u64 {
+    if claim.rate.is_nan() || claim.rate <= 0.0 {
+        return 0;
+    }
+    let us = claim
+        .ends_us
+        .min(now_us)
+        .saturating_sub(claim.since_us.max(start_us));
+    (claim.rate * us as f64 / 1e6 - 1e-9).ceil().max(0.0) as u64
+}
+
+/// Where the store's current fixed window began, on this host's clock, from a check of no hits
+/// sent at `sent_us` (this host's clock) that answered `look`: its window ends `reset_after`
+/// after the store read its clock, which was no earlier than the send, so the start found is
+/// never later than the true one (a cap from it is never short). `None` when the store did not
+/// answer.
+pub(super) fn window_start(
+    layer: &Check,
+    look: &crate::algorithm::Decision,
+    sent_us: u64,
+) -> Option<u64> {
+    let w = layer.limit.window_us;
+    if look.by_failure_mode || w == 0 || layer.limit.algorithm != Algorithm::FixedWindow {
+        return None;
+    }
+    let ends_in = u64::try_from(look.reset_after.as_micros())
+        .unwrap_or(u64::MAX)
+        .min(w);
+    Some(sent_us.saturating_add(ends_in).saturating_sub(w))
 }
 
 /// `last` after a grant of `tokens` until `ends_us` to `buckets` buckets each holding `burst` of
@@ -154,6 +197,7 @@ impl Inner {
         now_us: u64,
         ttl_us: u64,
     ) -> Vec<Charged> {
+        let window_starts = self.window_starts(holds, allowed, layers, granted).await;
         let mut checks = Vec::new();
         let mut owner = Vec::new();
         let mut probes = Vec::new();
@@ -168,7 +212,7 @@ impl Inner {
             }
             let Some(first) = of else { continue };
             let last = granted.get(&hold.ask.key);
-            let added = charges(layers[first], admitted, last, now_us);
+            let added = charges(layers[first], admitted, last, now_us, &window_starts);
             // A refused hold is granted nothing: its windows' room is not read.
             for layer in layers[first].iter().filter(|_| !hold.refused) {
                 let hits = added
@@ -232,6 +276,57 @@ impl Inner {
         out
     }
 
+    /// Where the store's current fixed windows began (`window_start`), for the layers a charge
+    /// is capped on: the cap counts what the gateway admitted in the store's window, not in the
+    /// one this host's clock would name (a host whose clock is off the store's would cap a
+    /// charge short of what the window holds, and the claim, started again, forget the rest).
+    async fn window_starts(
+        &self,
+        holds: &[Hold],
+        allowed: &[u64],
+        layers: &[&[Check]],
+        granted: &std::collections::HashMap<String, Granted>,
+    ) -> HashMap<String, u64> {
+        let mut looks: Vec<Check> = Vec::new();
+        for hold in holds {
+            let mut admitted = 0u64;
+            let mut of = None;
+            for (member, _) in &hold.members {
+                if let Member::Reported(i) = member {
+                    admitted = admitted.saturating_add(allowed[*i]);
+                    of = of.or(Some(*i));
+                }
+            }
+            let Some(first) = of.filter(|_| admitted > 0 && granted.contains_key(&hold.ask.key))
+            else {
+                continue;
+            };
+            for layer in layers[first] {
+                if layer.limit.algorithm == Algorithm::FixedWindow
+                    && !looks.iter().any(|l| l.key == layer.key)
+                {
+                    looks.push(Check {
+                        hits: 0,
+                        refund: false,
+                        post_paid: false,
+                        ..layer.clone()
+                    });
+                }
+            }
+        }
+        let sent_us = wall_us();
+        let Some(decisions) = self.in_calls(&looks).await else {
+            return HashMap::new();
+        };
+        looks
+            .iter()
+            .zip(&decisions)
+            .filter_map(|(layer, look)| {
+                Some((layer.key.clone(), window_start(layer, look, sent_us)?))
+            })
+            .collect()
+    }
+
     /// `checks` charged each alone, in store calls of bounded size sent together (a report of
     /// 10,000 buckets is not one script call holding Redis for all of them), under
     /// `--rlqs-store-timeout`; `None` when the store could not answer.
@@ -256,75 +351,5 @@ impl Inner {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::algorithm::{Algorithm, Limit};
-
-    fn layer(algorithm: Algorithm, requests: u64, window_s: u64) -> Check {
-        Check {
-            key: format!("{{d|t=a}}:{window_s}"),
-            limit: Limit {
-                algorithm,
-                requests,
-                window_us: window_s * 1_000_000,
-                burst: requests,
-            },
-            hits: 0,
-            refund: false,
-            post_paid: false,
-        }
-    }
-
-    #[test]
-    fn admissions_are_charged_up_to_the_claim_in_each_window() {
-        const S: u64 = 1_000_000;
-        let second = layer(Algorithm::FixedWindow, 10, 1);
-        let minute = layer(Algorithm::FixedWindow, 600, 60);
-        // 5/s granted from 100 s; reported at 105.5 s having admitted 27.
-        let last = Granted {
-            rate: 5.0,
-            since_us: 100 * S,
-            ends_us: 111 * S,
-            burst: 0,
-        };
-        let now = 105 * S + S / 2;
-        let charged = charges(&[second, minute], 27, Some(&last), now);
-        // The second [105, 106) holds half a second of it (3, rounded up); the minute all 27.
-        assert_eq!(charged.iter().map(|c| c.hits).collect::<Vec<_>>(), [3, 27]);
-        assert!(charged.iter().all(|c| c.post_paid && !c.refund));
-        // A bucket of 5 may have admitted 5 more in the second: charged too.
-        let full = Granted { burst: 5, ..last };
-        let charged = charges(
-            &[layer(Algorithm::FixedWindow, 10, 1)],
-            27,
-            Some(&full),
-            now,
-        );
-        assert_eq!(charged[0].hits, 8);
-        // Nothing granted before on this stream: nothing.
-        assert!(charges(&[layer(Algorithm::SlidingWindow, 10, 1)], 4, None, now).is_empty());
-        assert!(charges(&[layer(Algorithm::FixedWindow, 10, 1)], 0, None, now).is_empty());
-    }
-
-    const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
-
-    #[test]
-    fn a_claim_starts_again_only_once_charged() {
-        let t = |n| {
-            Some(Tokens {
-                per_fill: n,
-                every_s: 1,
-            })
-        };
-        let g = after_grant(None, t(4), 2, SECOND, false, 10, 20);
-        assert_eq!((g.rate, g.since_us, g.ends_us, g.burst), (4.0, 10, 20, 8));
-        let kept = after_grant(Some(g), t(2), 2, SECOND, false, 15, 25);
-        assert_eq!((kept.rate, kept.since_us, kept.ends_us), (4.0, 10, 25));
-        assert_eq!(kept.burst, 8);
-        let again = after_grant(Some(kept), t(2), 1, SECOND, true, 18, 28);
-        assert_eq!((again.rate, again.since_us, again.burst), (2.0, 18, 2));
-        // The burst charged past the claim is the bucket Envoy was sent (its span of the share).
-        let short = std::time::Duration::from_millis(200);
-        assert_eq!(after_grant(None, t(10), 2, short, false, 10, 20).burst, 4);
-    }
-}
+#[path = "charge_tests.rs"]
+mod tests;
