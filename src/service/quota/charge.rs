@@ -45,9 +45,9 @@ pub(super) fn wall_us() -> u64 {
 /// `algorithm::claims` fails without it). Nothing before the stream's first grant: those
 /// admissions are the filter's own (`no_assignment_behavior`), or, on a stream that moved,
 /// still claimed by the holder the old stream left (charging them would count them twice, and
-/// a short window would refuse the gateway for its next interval).
-/// A fixed window's current window is the store's (`window_starts`: where it began, on this
-/// host's clock, read from the store just before), when known.
+/// a short window would refuse the gateway for its next interval). A fixed window's current
+/// window is the store's (`window_starts`: where it began, on this host's clock, read from the
+/// store just before), when known.
 pub(super) fn charges(
     layers: &[Check],
     admitted: u64,
@@ -151,10 +151,11 @@ pub(super) fn after_grant(
 }
 
 /// What `layer`'s window has left for a new grant lasting `ttl_us`, from a check of no hits
-/// (`look`; `remaining` as the caller read it there, every claim counted): the part of the grant's life the window holds. A fixed window's end is the one
-/// the store's own clock gives (the look's `reset_after`): this host's clock may be off the
-/// store's, and a window taken to end sooner than it does grants its room over too short a
-/// span, more than it holds. A bucket has none (its refill is shared by rate).
+/// (`look`; `remaining` as the caller read it there, every claim counted): the part of the
+/// grant's life the window holds. A fixed window's end is the one the store's own clock gives
+/// (the look's `reset_after`): this host's clock may be off the store's, and a window taken to
+/// end sooner than it does grants its room over too short a span, more than it holds. A bucket
+/// has none (its refill is shared by rate).
 pub(super) fn room(
     layer: &Check,
     remaining: u64,
@@ -288,6 +289,7 @@ impl Inner {
         granted: &std::collections::HashMap<String, Granted>,
     ) -> HashMap<String, u64> {
         let mut looks: Vec<Check> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for hold in holds {
             let mut admitted = 0u64;
             let mut of = None;
@@ -303,7 +305,7 @@ impl Inner {
             };
             for layer in layers[first] {
                 if layer.limit.algorithm == Algorithm::FixedWindow
-                    && !looks.iter().any(|l| l.key == layer.key)
+                    && seen.insert(layer.key.as_str())
                 {
                     looks.push(Check {
                         hits: 0,
