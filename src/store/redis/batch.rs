@@ -56,11 +56,36 @@ pub struct Delivery {
     /// away, not a caller's timeout): in a script call of its own, so that no call batched
     /// with it is given up at that deadline.
     pub alone: bool,
-    /// A late refund that belongs to one period of its counter (a fixed window, a sliding
-    /// window's sub-window) of this many µs (0: none): it is not run past the end of the period
-    /// current when it was made, on the node's clock as estimated then (never later than the
-    /// truth), where it would give back into the next.
-    pub period_us: u64,
+    /// How long a refund into a window may still be run (`HeldTo::Nothing` for every other
+    /// call).
+    pub held_to: HeldTo,
+}
+
+/// The time a late refund into a window stops meaning anything, on the node's clock as
+/// estimated when it was made (never later than the truth): after it, it is not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeldTo {
+    #[default]
+    Nothing,
+    /// The end of the fixed window of this many µs it was made in: after it, it would give back
+    /// into the next window.
+    PeriodEnd(u64),
+    /// This many µs (a sliding window's length) after it was made: every hit charged before it
+    /// has left the window by then, and it would take back newer ones.
+    After(u64),
+}
+
+impl HeldTo {
+    /// Its deadline on a node's clock, from when the call was made there (`made_us`; 0: not
+    /// known, no deadline).
+    fn deadline_us(self, made_us: u64) -> u64 {
+        match self {
+            _ if made_us == 0 => 0,
+            HeldTo::Nothing => 0,
+            HeldTo::PeriodEnd(period) => made_us - made_us % period + period,
+            HeldTo::After(span) => made_us.saturating_add(span),
+        }
+    }
 }
 
 /// One call's part of a batch: its keys, and its arguments as the script reads them per call
@@ -172,8 +197,8 @@ pub(super) fn merge(jobs: Vec<Job>, clock: &RedisClock) -> Merged {
     let mut jobs = jobs;
     for job in &mut jobs {
         if let Some(arg) = job.args.get_mut(DEADLINE_ARG) {
-            *arg = if job.delivery.period_us > 0 {
-                i64::try_from(period_end(clock.on_redis(job.made), job.delivery.period_us))
+            *arg = if job.delivery.held_to != HeldTo::Nothing {
+                i64::try_from(job.delivery.held_to.deadline_us(clock.on_redis(job.made)))
                     .unwrap_or(0)
             } else if job.delivery.carries_deadline {
                 i64::try_from(expires_us).unwrap_or(0)
@@ -199,15 +224,6 @@ pub(super) fn merge(jobs: Vec<Job>, clock: &RedisClock) -> Merged {
         jobs,
         deadline,
     }
-}
-
-/// The end of the period of `period_us` that `at_us` (on a node's clock; 0: not known) falls in;
-/// 0 when not known.
-fn period_end(at_us: u64, period_us: u64) -> u64 {
-    if at_us == 0 {
-        return 0;
-    }
-    at_us - at_us % period_us + period_us
 }
 
 /// Hands each job its part of the script's reply (one entry per call), or an error to all when
@@ -289,7 +305,7 @@ fn deliver(job: Job, replies: Result<Vec<KeyReply>, StoreError>, metrics: &Metri
         };
         // A late refund that reached Redis after its period: that period's budget is back
         // anyway, and the next must not be credited.
-        let past_its_period = job.delivery.period_us > 0
+        let past_its_period = job.delivery.held_to != HeldTo::Nothing
             && lost
                 .as_ref()
                 .is_some_and(super::reply::reached_after_its_deadline);

@@ -1,31 +1,36 @@
 //! Late refunds: a call of refunds and post-paid charges only is delivered even after its caller
-//! was answered (`batch::Delivery::late`), up to 30 s later; a refund into a window then gives
-//! back only into the period it was made in (a fixed window's window, a sliding window's newest
-//! sub-window, from which every refund takes), never into a later one, where it would hand out
-//! budget a second time. It must never drop a post-paid charge (that under-counts) nor delay one.
+//! was answered (`batch::Delivery::late`), up to 30 s later; a refund into a window is then run
+//! only while it can still give back its own hits (a fixed window's until the window it was made
+//! in ends; a sliding window's for a window after it was made), never into a later window, where
+//! it would hand out budget a second time. It must never drop a post-paid charge (that
+//! under-counts) nor delay one.
 
 use tokio::time::Instant;
 
-use super::{RedisStore, ScriptClock, batch};
-use crate::algorithm::{Algorithm, ChargeMode, Check, Decision, sliding_window};
+use super::batch::{self, HeldTo};
+use super::{RedisStore, ScriptClock};
+use crate::algorithm::{Algorithm, ChargeMode, Check, Decision};
 use crate::store::StoreError;
 
-/// The period a refund belongs to, in µs: a fixed window's window, a sliding window's
-/// sub-window; 0 for anything else (a bucket's refund is exact whenever it lands; a charge is
-/// never held to a period).
-pub(super) fn refund_period_us(check: &Check) -> u64 {
-    if !check.refund || check.limit.window_us == 0 {
-        return 0;
+/// How long a refund may still be run: a fixed window's to the end of the window it was made
+/// in; a sliding window's for one window after it was made (it takes from the newest
+/// sub-windows, as every refund does; a window later every hit it could give back has left);
+/// anything else whenever it lands (a bucket's refund is exact at any time; a charge is never
+/// held to a period).
+pub(super) fn held_to(check: &Check) -> HeldTo {
+    let w = check.limit.window_us;
+    if !check.refund || w == 0 {
+        return HeldTo::Nothing;
     }
     match check.limit.algorithm {
-        Algorithm::FixedWindow => check.limit.window_us,
-        Algorithm::SlidingWindow => sliding_window::sub_window_us(check.limit.window_us),
-        _ => 0,
+        Algorithm::FixedWindow => HeldTo::PeriodEnd(w),
+        Algorithm::SlidingWindow => HeldTo::After(w),
+        _ => HeldTo::Nothing,
     }
 }
 
-/// The answer to a refund that reached Redis after its period: nothing given back (that
-/// period's budget came back with its end), the counter's state not read.
+/// The answer to a refund that reached Redis too late (`held_to`): nothing given back (its
+/// window's budget came back with its end), the counter's state not read.
 pub(super) fn past_its_period(check: &Check) -> Decision {
     Decision {
         allowed: true,
@@ -39,12 +44,12 @@ pub(super) fn past_its_period(check: &Check) -> Decision {
 }
 
 impl RedisStore {
-    /// `dispatch` of a late call whose refunds each belong to a period (`periods[i]`, 0: none):
-    /// each such refund in a call of its own, not run past its period's end; the rest together.
-    pub(super) async fn dispatch_in_periods(
+    /// `dispatch` of a late call whose refunds are each held to a time (`held[i]`): each such
+    /// refund in a call of its own, not run past it; the rest together.
+    pub(super) async fn dispatch_held(
         &self,
         checks: &[&Check],
-        periods: &[u64],
+        held: &[HeldTo],
         deadline: Instant,
         delivery: batch::Delivery,
     ) -> Vec<Result<Vec<u64>, StoreError>> {
@@ -52,17 +57,17 @@ impl RedisStore {
         let mode = ChargeMode::EachAlone;
         let rest: Vec<&Check> = checks
             .iter()
-            .zip(periods)
-            .filter(|(_, p)| **p == 0)
+            .zip(held)
+            .filter(|(_, h)| **h == HeldTo::Nothing)
             .map(|(c, _)| *c)
             .collect();
         let alone = checks
             .iter()
-            .zip(periods)
-            .filter(|(_, p)| **p > 0)
-            .map(|(c, p)| {
+            .zip(held)
+            .filter(|(_, h)| **h != HeldTo::Nothing)
+            .map(|(c, h)| {
                 let delivery = batch::Delivery {
-                    period_us: *p,
+                    held_to: *h,
                     ..delivery
                 };
                 self.dispatch(std::slice::from_ref(c), clock, deadline, mode, delivery)
@@ -73,10 +78,9 @@ impl RedisStore {
         )
         .await;
         let (mut rest, mut alone) = (rest.into_iter(), alone.into_iter());
-        periods
-            .iter()
-            .map(|p| {
-                let reply = if *p == 0 {
+        held.iter()
+            .map(|h| {
+                let reply = if *h == HeldTo::Nothing {
                     rest.next()
                 } else {
                     alone.next().and_then(|r| r.into_iter().next())
@@ -112,31 +116,31 @@ mod tests {
     }
 
     #[test]
-    fn a_window_refund_belongs_to_its_window_or_sub_window_and_nothing_else_to_a_period() {
+    fn a_window_refund_is_held_to_its_window_and_nothing_else_is() {
         assert_eq!(
-            refund_period_us(&check(Algorithm::FixedWindow, true, false)),
-            60_000_000
+            held_to(&check(Algorithm::FixedWindow, true, false)),
+            HeldTo::PeriodEnd(60_000_000)
         );
         assert_eq!(
-            refund_period_us(&check(Algorithm::SlidingWindow, true, false)),
-            sliding_window::sub_window_us(60_000_000)
+            held_to(&check(Algorithm::SlidingWindow, true, false)),
+            HeldTo::After(60_000_000)
         );
         assert_eq!(
-            refund_period_us(&check(Algorithm::TokenBucket, true, false)),
-            0
+            held_to(&check(Algorithm::TokenBucket, true, false)),
+            HeldTo::Nothing
         );
         assert_eq!(
-            refund_period_us(&check(Algorithm::Concurrency, true, false)),
-            0
+            held_to(&check(Algorithm::Concurrency, true, false)),
+            HeldTo::Nothing
         );
-        // Post-paid charges and charges are never held to a period.
+        // Post-paid charges and charges are never held.
         assert_eq!(
-            refund_period_us(&check(Algorithm::FixedWindow, false, true)),
-            0
+            held_to(&check(Algorithm::FixedWindow, false, true)),
+            HeldTo::Nothing
         );
         assert_eq!(
-            refund_period_us(&check(Algorithm::FixedWindow, false, false)),
-            0
+            held_to(&check(Algorithm::FixedWindow, false, false)),
+            HeldTo::Nothing
         );
     }
 }

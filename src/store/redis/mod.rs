@@ -11,7 +11,7 @@
 //! `clock` (deadlines on a node's clock, kept by each dispatcher), `factors` (scaling factors in
 //! Redis), `connection`. A call of refunds and post-paid charges only is consumption that has
 //! happened: it is delivered late rather than dropped (`batch::Delivery`), a refund into a window
-//! only within the period it was made in (`late`).
+//! only while it can give back its own hits (`late`).
 
 pub mod batch;
 mod claims;
@@ -169,22 +169,22 @@ impl RedisStore {
             carries_deadline: !late && clock == ScriptClock::RedisTime,
             claims: self.counting_claims(),
             alone: false,
-            period_us: 0,
+            held_to: batch::HeldTo::Nothing,
         };
         let mode = if late { ChargeMode::EachAlone } else { mode };
-        // A late refund into a window gives back only into the period it was made in.
-        let periods: Vec<u64> = counted
+        // A late refund into a window gives back only while its own hits are there.
+        let held: Vec<batch::HeldTo> = counted
             .iter()
             .map(|c| match (late, clock) {
-                (true, ScriptClock::RedisTime) => late::refund_period_us(c),
-                _ => 0,
+                (true, ScriptClock::RedisTime) => late::held_to(c),
+                _ => batch::HeldTo::Nothing,
             })
             .collect();
-        let mut replies = if periods.iter().all(|p| *p == 0) {
+        let mut replies = if held.iter().all(|h| *h == batch::HeldTo::Nothing) {
             self.dispatch(&counted, clock, deadline, mode, delivery)
                 .await
         } else {
-            self.dispatch_in_periods(&counted, &periods, deadline, delivery)
+            self.dispatch_held(&counted, &held, deadline, delivery)
                 .await
         };
         replies.reverse();
@@ -197,11 +197,11 @@ impl RedisStore {
                     })?;
                     match reply {
                         Err(e)
-                            if late::refund_period_us(check) > 0
+                            if late::held_to(check) != batch::HeldTo::Nothing
                                 && reply::reached_after_its_deadline(&e) =>
                         {
-                            // Its period ended on the way: nothing to give back (that budget
-                            // came back with the period), none given to the next.
+                            // Too late on the way: nothing to give back (its window's budget
+                            // came back with its end), none given to the next.
                             return Ok(late::past_its_period(check));
                         }
                         reply => Some(reply?),
@@ -237,7 +237,7 @@ impl RedisStore {
             claims: false,
             // Its deadline is its window's end, not a caller's timeout.
             alone: true,
-            period_us: 0,
+            held_to: batch::HeldTo::Nothing,
         };
         let mut replies = self
             .dispatch(
