@@ -39,6 +39,9 @@ pub struct QuotaMetrics {
     /// Holds refused: this replica's streams already held `MAX_STREAMS_PER_DESCRIPTOR` of the
     /// descriptor's holder slots.
     pub holds_refused: Counter,
+    /// Holds refused to a connection that left `MOST_ENDED_PER_CONNECTION` ended streams'
+    /// claims standing on the descriptor (streams churned).
+    pub churned_holds_refused: Counter,
     /// Writes or reads of the contested descriptors that failed (pushes wait for the reports).
     pub push_errors: Counter,
     /// Failed pushes of RLS demand to the quota store (the gateways' shares leave RLS its
@@ -132,6 +135,13 @@ impl QuotaMetrics {
             "rlqs_holds_refused",
             "RLQS holds refused (DENY_ALL until the next report): this replica's streams already held its share of the descriptor's holder slots",
             self.holds_refused.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_churned_holds_refused",
+            "RLQS holds refused (DENY_ALL until those claims end) to a connection whose ended streams left as many claims standing on the descriptor as one connection may: streams opened and closed in a loop",
+            self.churned_holds_refused.clone(),
         );
         register(
             registry,

@@ -26,6 +26,7 @@ mod parity;
 mod per_second;
 mod replicas;
 mod rlqs;
+mod rlqs_churn;
 mod rlqs_counting;
 mod rlqs_model;
 mod scaling;

@@ -87,8 +87,17 @@ impl Inner {
                 if state.asks.len() >= 2 * self.config.max_buckets_per_stream {
                     continue;
                 }
+                // A connection that churned streams on it is refused it (`churn`); the hold
+                // taken there is released with the stream's asks, or here when refused.
+                let now = Instant::now();
+                if !self.churn.hold(state.peer, &h.ask.key, now) {
+                    h.refused = true;
+                    h.churned = true;
+                    continue;
+                }
                 // Kept in the push registry only with its ask: the stream's end releases both.
                 if !self.pushes.hold(state.stream, &h.ask.key) {
+                    self.churn.release(state.peer, &h.ask.key, None, now);
                     h.refused = true;
                     continue;
                 }
@@ -256,7 +265,25 @@ impl Inner {
         holds: &[hold::Hold],
         gateway: u64,
     ) -> Vec<Result<Option<Tokens>, StoreError>> {
-        let count = holds.iter().filter(|h| h.refused).count();
+        let churned = holds.iter().filter(|h| h.churned).count();
+        if churned > 0 {
+            self.metrics
+                .quota
+                .churned_holds_refused
+                .inc_by(churned as u64);
+            if let Some(skipped) = self.log.allow() {
+                tracing::warn!(
+                    gateway,
+                    refused = churned,
+                    most = super::churn::MOST_ENDED_PER_CONNECTION,
+                    similar_not_logged = skipped,
+                    "RLQS holds refused: this connection has opened and ended streams holding \
+                     these descriptors until as many claims as one connection may stand there; \
+                     its buckets on them are denied until those claims end"
+                );
+            }
+        }
+        let count = holds.iter().filter(|h| h.refused && !h.churned).count();
         if count > 0 {
             self.metrics.quota.holds_refused.inc_by(count as u64);
         }

@@ -22,8 +22,10 @@ pub(super) struct Hold {
     pub ask: Ask,
     pub members: Vec<(Member, f64)>,
     /// Not granted: this replica's streams hold as many of its descriptor's holder slots as
-    /// one replica may (its admissions are charged all the same).
+    /// one replica may, or (`churned`) its connection has left as many ended streams' claims
+    /// standing there as one connection may (its admissions are charged all the same).
     pub refused: bool,
+    pub churned: bool,
 }
 
 /// The holds of one report: one per descriptor its buckets meet (`asks[i]` is the ask of
@@ -47,6 +49,7 @@ pub(super) fn holds(asks: &[Option<(Ask, &BucketKey)>], buckets: &Buckets) -> Ve
                     ask: ask.clone(),
                     members: vec![(Member::Reported(i), ask.demand)],
                     refused: false,
+                    churned: false,
                 });
             }
         }

@@ -11,6 +11,7 @@ mod answer;
 mod assign;
 mod bounds;
 mod charge;
+mod churn;
 mod hold;
 mod identity;
 mod push;
@@ -99,6 +100,8 @@ struct Inner {
     pushes: Arc<push::Pushes>,
     /// Bytes of bucket ids all streams hold.
     bucket_bytes: std::sync::atomic::AtomicUsize,
+    /// Ended streams' standing claims per connection (`churn`).
+    churn: churn::ChurnGuard,
 }
 
 /// The tonic service.
@@ -141,6 +144,7 @@ impl QuotaService {
                 registry: Arc::default(),
                 pushes,
                 bucket_bytes: std::sync::atomic::AtomicUsize::new(0),
+                churn: churn::ChurnGuard::default(),
             }),
             stopped,
         }
@@ -178,6 +182,7 @@ impl RateLimitQuotaService for QuotaService {
                 return Err(status);
             }
         };
+        let peer = request.remote_addr();
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
         let inner = self.inner.clone();
@@ -188,6 +193,7 @@ impl RateLimitQuotaService for QuotaService {
         tokio::spawn(async move {
             inner.metrics.quota.streams.inc();
             let mut state = StreamState::new(inner.config.reporting_interval);
+            state.peer = peer;
             let mut mailbox = inner.pushes.open(state.stream);
             let ending = inner
                 .serve(inbound, &tx, gateway, stopped, &mut state, &mut mailbox)
@@ -201,6 +207,15 @@ impl RateLimitQuotaService for QuotaService {
             // that names itself keeps its holds: its next stream is the same holder.
             if identity.is_none() {
                 inner.stream_ended(gateway, &state).await;
+            }
+            // Its holds on its connection (`churn`): an unnamed stream's claims stand on for
+            // its assignment's life and a window; a named gateway's next stream takes them over.
+            let now = Instant::now();
+            for (key, ask) in &state.asks {
+                let granted = state.granted.get(key).is_some_and(|g| g.rate > 0.0);
+                let stands = (identity.is_none() && granted)
+                    .then(|| state.ttl + Duration::from_micros(ask.window_us));
+                inner.churn.release(state.peer, key, stands, now);
             }
             if let Some(status) = ending {
                 let _ = tx.send(Err(status)).await;
@@ -217,6 +232,8 @@ impl RateLimitQuotaService for QuotaService {
 struct StreamState {
     /// The stream itself, for the registry (a named gateway's streams share their holder id).
     stream: u64,
+    /// Its connection's remote address, when known (`churn`).
+    peer: Option<std::net::SocketAddr>,
     domain: Option<String>,
     buckets: Buckets,
     /// The descriptors the stream holds part of (its store keys, bounded), each with its last
@@ -240,6 +257,7 @@ impl StreamState {
     fn new(interval: Duration) -> Self {
         Self {
             stream: gateway_id(),
+            peer: None,
             domain: None,
             buckets: Buckets::new(),
             asks: std::collections::HashMap::new(),

@@ -163,3 +163,60 @@ async fn one_replicas_streams_hold_at_most_a_quarter_of_a_descriptors_slots() {
     drop(late);
     server.stop().await;
 }
+
+/// Streams opened and closed in a loop on one connection (issue 43: 1,100 of them on one
+/// descriptor) cannot deny it to the next gateway: each churned stream that was granted a part
+/// leaves its claim standing for the rule's window, so unbounded they filled the descriptor's
+/// holder slots (and on an hour's rule its budget) and the next gateway was refused for the
+/// hour. One connection's streams may leave at most `MOST_ENDED_PER_CONNECTION` claims standing
+/// on a descriptor; past them its new streams are refused there (the churner), and a gateway on
+/// another connection gets its part at its first report.
+#[tokio::test]
+async fn streams_churned_on_one_connection_cannot_deny_a_descriptor_to_the_next_gateway() {
+    const RULE: &str = "\
+domain: edge
+descriptors:
+  - key: churned
+    rate_limit: {unit: hour, requests_per_unit: 3600}
+";
+    let server = TestServer::start_with(&[("edge.yaml", RULE)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        s.rlqs.rlqs_push_interval = Duration::ZERO;
+    })
+    .await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let addr = server.running.as_ref().unwrap().grpc_addr;
+    let churner = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let id: &[(&str, &str)] = &[("churned", "d")];
+    let mut granted = 0;
+    for i in 0..1_100 {
+        let mut stream = Gateway::over(churner.clone()).await;
+        let actions = stream.report("edge", &[(id, 30, 0)]).await.unwrap();
+        if assigned(&actions[0]).starts_with("tokens") {
+            granted += 1;
+        }
+        drop(stream);
+        if i % 50 == 49 {
+            await_streams(admin, 0).await;
+        }
+    }
+    await_streams(admin, 0).await;
+    assert!(
+        granted <= 8,
+        "{granted} churned streams were granted a part"
+    );
+    let mut next = Gateway::open(&server).await;
+    let actions = next.report("edge", &[(id, 30, 0)]).await.unwrap();
+    assert_eq!(assigned(&actions[0]), "tokens 1/1s max 1 ttl 3s");
+    let (_, metrics) = common::http(admin, "GET", "/metrics", "").await;
+    assert!(
+        common::sample(&metrics, "portcullis_rlqs_churned_holds_refused_total") >= 1_000.0,
+        "{metrics}"
+    );
+    server.stop().await;
+}
