@@ -199,3 +199,31 @@ pub fn tokens_per_second(assigned: &str) -> f64 {
     let seconds = rest.split_once('s').unwrap().0;
     tokens.parse::<f64>().unwrap() / seconds.parse::<f64>().unwrap()
 }
+
+/// A client churning streams: `streams` streams opened one after another on one connection to
+/// `server`, each reporting demand on `id` (domain `edge`) and closed once answered; every 50,
+/// and at the end, waits until the server has only `others` streams open again. Returns how many
+/// were granted tokens.
+pub async fn churn(server: &TestServer, id: &[(&str, &str)], streams: usize, others: u64) -> usize {
+    let running = server.running.as_ref().unwrap();
+    let admin = running.admin_addr.port();
+    let churner = tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut granted = 0;
+    for i in 0..streams {
+        let mut stream = Gateway::over(churner.clone()).await;
+        let actions = stream.report("edge", &[(id, 30, 0)]).await.unwrap();
+        if assigned(&actions[0]).starts_with("tokens") {
+            granted += 1;
+        }
+        drop(stream);
+        if i % 50 == 49 {
+            await_streams(admin, others).await;
+        }
+    }
+    await_streams(admin, others).await;
+    granted
+}

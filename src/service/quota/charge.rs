@@ -98,6 +98,20 @@ fn in_window_from(claim: &Claim, start_us: u64, now_us: u64) -> u64 {
     (claim.rate * us as f64 / 1e6 - 1e-9).ceil().max(0.0) as u64
 }
 
+/// What `hold`'s reported buckets admitted (`allowed[i]`: bucket `i`'s), and its first reported
+/// bucket (none: no bucket of it was reported).
+fn reported(hold: &Hold, allowed: &[u64]) -> (u64, Option<usize>) {
+    let mut admitted = 0u64;
+    let mut first = None;
+    for (member, _) in &hold.members {
+        if let Member::Reported(i) = member {
+            admitted = admitted.saturating_add(allowed[*i]);
+            first = first.or(Some(*i));
+        }
+    }
+    (admitted, first)
+}
+
 /// Where the store's current fixed window began, on this host's clock, from a check of no hits
 /// sent at `sent_us` (this host's clock) that answered `look`: its window ends `reset_after`
 /// after the store read its clock, which was no earlier than the send, so the start found is
@@ -203,14 +217,7 @@ impl Inner {
         let mut owner = Vec::new();
         let mut probes = Vec::new();
         for (h, hold) in holds.iter().enumerate() {
-            let mut admitted = 0u64;
-            let mut of = None;
-            for (member, _) in &hold.members {
-                if let Member::Reported(i) = member {
-                    admitted = admitted.saturating_add(allowed[*i]);
-                    of = of.or(Some(*i));
-                }
-            }
+            let (admitted, of) = reported(hold, allowed);
             let Some(first) = of else { continue };
             let last = granted.get(&hold.ask.key);
             let added = charges(layers[first], admitted, last, now_us, &window_starts);
@@ -291,14 +298,7 @@ impl Inner {
         let mut looks: Vec<Check> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for hold in holds {
-            let mut admitted = 0u64;
-            let mut of = None;
-            for (member, _) in &hold.members {
-                if let Member::Reported(i) = member {
-                    admitted = admitted.saturating_add(allowed[*i]);
-                    of = of.or(Some(*i));
-                }
-            }
+            let (admitted, of) = reported(hold, allowed);
             let Some(first) = of.filter(|_| admitted > 0 && granted.contains_key(&hold.ask.key))
             else {
                 continue;

@@ -186,26 +186,8 @@ descriptors:
     })
     .await;
     let admin = server.running.as_ref().unwrap().admin_addr.port();
-    let addr = server.running.as_ref().unwrap().grpc_addr;
-    let churner = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
     let id: &[(&str, &str)] = &[("churned", "d")];
-    let mut granted = 0;
-    for i in 0..1_100 {
-        let mut stream = Gateway::over(churner.clone()).await;
-        let actions = stream.report("edge", &[(id, 30, 0)]).await.unwrap();
-        if assigned(&actions[0]).starts_with("tokens") {
-            granted += 1;
-        }
-        drop(stream);
-        if i % 50 == 49 {
-            await_streams(admin, 0).await;
-        }
-    }
-    await_streams(admin, 0).await;
+    let granted = crate::common::rlqs::churn(&server, id, 1_100, 0).await;
     assert!(
         granted <= 8,
         "{granted} churned streams were granted a part"
