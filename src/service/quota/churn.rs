@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Streams holding a descriptor, or ended with their claims standing there, one connection may
-/// have before its new streams are refused on it. Envoy keeps one RLQS stream per connection; a stream that a
-/// drain or a maximum connection age ends goes with its connection.
+/// have before its new streams are refused on it. Envoy keeps one RLQS stream per connection; a
+/// stream that a drain or a maximum connection age ends goes with its connection.
 pub const MOST_ENDED_PER_CONNECTION: u32 = 8;
 
 /// Connections followed; past it the one idle longest is forgotten.
