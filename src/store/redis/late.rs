@@ -3,13 +3,16 @@
 //! only while it can still give back its own hits (a fixed window's until the window it was made
 //! in ends; a sliding window's for a window after it was made), never into a later window, where
 //! it would hand out budget a second time. It must never drop a post-paid charge (that
-//! under-counts) nor delay one.
+//! under-counts) nor delay one. A give-back (`Store::give_back`: hits charged a moment ago for
+//! a call another store refused) is held the same way, to the window its answer named.
 
 use tokio::time::Instant;
 
 use super::batch::{self, HeldTo};
+use super::script;
 use super::{RedisStore, ScriptClock};
-use crate::algorithm::{Algorithm, ChargeMode, Check, Decision};
+use crate::algorithm::{Algorithm, ChargeMode, Check, Decision, zero_limit_decision};
+use crate::store::Answers;
 use crate::store::StoreError;
 
 /// How long a refund may still be run: a fixed window's to the end of the window it was made
@@ -44,6 +47,47 @@ pub(super) fn past_its_period(check: &Check) -> Decision {
 }
 
 impl RedisStore {
+    /// `Store::give_back`: the refunds go as an ordinary call whose deadline is the window's end,
+    /// which the script holds on Redis' clock (this replica's estimate of it is never later than
+    /// the truth): one that reaches Redis after it is not run, so it can only miss its window,
+    /// never land in the next.
+    pub(super) async fn give_back_until(&self, refunds: &[Check], window_ends: Instant) -> Answers {
+        debug_assert!(refunds.iter().all(|c| c.refund));
+        let sent = |c: &Check| c.limit.requests > 0;
+        let counted: Vec<&Check> = refunds.iter().filter(|c| sent(c)).collect();
+        let delivery = batch::Delivery {
+            late: false,
+            carries_deadline: true,
+            // Refunds count no claims.
+            claims: false,
+            // Its deadline is its window's end, not a caller's timeout.
+            alone: true,
+            held_to: batch::HeldTo::Nothing,
+        };
+        let mut replies = self
+            .dispatch(
+                &counted,
+                ScriptClock::RedisTime,
+                window_ends,
+                ChargeMode::EachAlone,
+                delivery,
+            )
+            .await;
+        replies.reverse();
+        refunds
+            .iter()
+            .map(|check| {
+                if !sent(check) {
+                    return Ok(zero_limit_decision(0));
+                }
+                let reply = replies.pop().ok_or_else(|| {
+                    StoreError::Protocol("script answered fewer results than keys".into())
+                })??;
+                script::decision(check, &reply, true)
+            })
+            .collect()
+    }
+
     /// `dispatch` of a late call whose refunds are each held to a time (`held[i]`): each such
     /// refund in a call of its own, not run past it; the rest together.
     pub(super) async fn dispatch_held(

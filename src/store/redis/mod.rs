@@ -222,47 +222,6 @@ impl RedisStore {
             .collect()
     }
 
-    /// `Store::give_back`: the refunds go as an ordinary call whose deadline is the window's end,
-    /// which the script holds on Redis' clock (this replica's estimate of it is never later than
-    /// the truth): one that reaches Redis after it is not run, so it can only miss its window,
-    /// never land in the next.
-    async fn give_back_until(&self, refunds: &[Check], window_ends: Instant) -> Answers {
-        debug_assert!(refunds.iter().all(|c| c.refund));
-        let sent = |c: &Check| c.limit.requests > 0;
-        let counted: Vec<&Check> = refunds.iter().filter(|c| sent(c)).collect();
-        let delivery = batch::Delivery {
-            late: false,
-            carries_deadline: true,
-            // Refunds count no claims.
-            claims: false,
-            // Its deadline is its window's end, not a caller's timeout.
-            alone: true,
-            held_to: batch::HeldTo::Nothing,
-        };
-        let mut replies = self
-            .dispatch(
-                &counted,
-                ScriptClock::RedisTime,
-                window_ends,
-                ChargeMode::EachAlone,
-                delivery,
-            )
-            .await;
-        replies.reverse();
-        refunds
-            .iter()
-            .map(|check| {
-                if !sent(check) {
-                    return Ok(zero_limit_decision(0));
-                }
-                let reply = replies.pop().ok_or_else(|| {
-                    StoreError::Protocol("script answered fewer results than keys".into())
-                })??;
-                script::decision(check, &reply, true)
-            })
-            .collect()
-    }
-
     /// The script replies for `checks` (none of a zero limit), one per check, in order.
     async fn dispatch(
         &self,
