@@ -173,13 +173,11 @@ impl RedisStore {
         };
         let mode = if late { ChargeMode::EachAlone } else { mode };
         // A late refund into a window gives back only while its own hits are there.
-        let held: Vec<batch::HeldTo> = counted
-            .iter()
-            .map(|c| match (late, clock) {
-                (true, ScriptClock::RedisTime) => late::held_to(c),
-                _ => batch::HeldTo::Nothing,
-            })
-            .collect();
+        let held_to = |c: &Check| match (late, clock) {
+            (true, ScriptClock::RedisTime) => late::held_to(c),
+            _ => batch::HeldTo::Nothing,
+        };
+        let held: Vec<batch::HeldTo> = counted.iter().map(|c| held_to(c)).collect();
         let mut replies = if held.iter().all(|h| *h == batch::HeldTo::Nothing) {
             self.dispatch(&counted, clock, deadline, mode, delivery)
                 .await
@@ -197,7 +195,7 @@ impl RedisStore {
                     })?;
                     match reply {
                         Err(e)
-                            if late::held_to(check) != batch::HeldTo::Nothing
+                            if held_to(check) != batch::HeldTo::Nothing
                                 && reply::reached_after_its_deadline(&e) =>
                         {
                             // Too late on the way: nothing to give back (its window's budget
