@@ -4,12 +4,19 @@
 -- the call prefers it (every call, unless --redis-sliding-layout hash).
 --
 -- Layout (big-endian integers):
---   byte 1        the width of a sub-window's count, 2 or 4 bytes (4 once a count passes 65535)
+--   byte 1        the width of a sub-window's count, 2 or 4 bytes (4 once a count passes 65535),
+--                 or 1: the short form (below)
 --   bytes 2-7     n: the newest sub-window index the state has moved to
 --   bytes 8-13    t: the running total of the live sub-windows
 --   byte 14       n - l (l: the newest sub-window holding hits), 255 when there is none
 --   then SLOTS counts, the count of sub-window i at slot i mod SLOTS; only the sub-windows
 --   n - SUB_WINDOWS .. n are live, the other slots are stale until overwritten.
+-- The short form: while every live hit is in the newest sub-window (l = n), the value is 11
+-- bytes: 1, then n (6 bytes) and its count (4 bytes; a count never passes 2^32 - 1). Most keys
+-- of a rule keyed by user are met once or within a second: they cost Redis no more than a fixed
+-- window's key (11 bytes keep the value in Redis' smallest allocation with its object; the
+-- header alone would take the next). A short value is read as the full one it stands for, and
+-- the full form is written as soon as an older sub-window's hits stay live beside newer ones.
 -- It decides exactly as the hash layout does (the same state, encoded): moving to a newer
 -- sub-window subtracts the slots it takes over, reading only those.
 local SUB_WINDOWS = 60
@@ -21,6 +28,7 @@ local NO_LAST = 255
 -- by one in Lua cost a new key ~25 us).
 local UNSIGNED = {[2] = '>I2', [4] = '>I4', [6] = '>I6'}
 local HEADER = '>I1I6I6I1'
+local SHORT, SHORT_BYTES = '>I1I6I4', 11
 
 local function be_read(raw, pos, len)
   return (struct.unpack(UNSIGNED[len], raw, pos))
@@ -48,6 +56,7 @@ end
 -- Whether a stored string is a packed counter: its width and its length agree.
 local function packed_valid(raw)
   local width = string.byte(raw, 1)
+  if width == 1 then return #raw == SHORT_BYTES end
   return (width == 2 or width == 4) and #raw == PACKED_HEAD + SLOTS * width
 end
 
@@ -57,46 +66,6 @@ local function packed_read_header(raw)
   local last = 0
   if d ~= NO_LAST then last = n - d end
   return width, n, total, last
-end
-
--- The state at sub-window `current` of a stored value (`raw`, false when the key is new).
-local function packed_open(raw, current)
-  local s = {layout = 'packed', raw = raw, width = 2, total = 0, newest = current, count = 0,
-    last = 0, loaded_last = 0, cleared = nil, dirty = false, stored = nil, stored_n = nil}
-  if not raw then return s end
-  local width, n, total, last = packed_read_header(raw)
-  s.width, s.stored_n, s.loaded_last = width, n, last
-  if current <= n then
-    -- The same sub-window, or the clock stepped back: hits count into n.
-    s.total, s.newest, s.count, s.last = total, n, packed_count(raw, width, n), last
-  elseif current - n >= SLOTS then
-    -- Every sub-window has left.
-    s.total, s.newest, s.count, s.last, s.cleared = 0, current, 0, 0, true
-  else
-    -- Sub-windows n + 1 .. current take over the slots of those that leave.
-    for index = n + 1, current do total = total - packed_count(raw, width, index) end
-    if total <= 0 then last = 0 end
-    s.total, s.newest, s.count, s.last = total, current, 0, last
-    s.cleared = {n + 1, current}
-  end
-  return s
-end
-
--- The live (index, count) pairs of the stored value at `newest` (a refusal's retry time, a
--- refund).
-local function packed_pairs(raw, newest)
-  local out = {}
-  if not raw then return out end
-  local width, n = packed_read_header(raw)
-  local from = math.max(n - SUB_WINDOWS, newest - SUB_WINDOWS, 0)
-  for index = from, n do
-    local count = packed_count(raw, width, index)
-    if count > 0 then
-      out[#out + 1] = index
-      out[#out + 1] = count
-    end
-  end
-  return out
 end
 
 -- A whole value from (index, count) pairs, every other slot zero (runs of zero slots made at
@@ -123,13 +92,93 @@ local function packed_build(width, n, total, last, pairs)
   return table.concat(parts)
 end
 
+-- The full form a stored value stands for (a short value made whole, for a refund; any other
+-- as it is).
+local function packed_expand(raw)
+  if not raw or string.byte(raw, 1) ~= 1 then return raw end
+  local _, n, count = struct.unpack(SHORT, raw)
+  return packed_build(2, n, count, n, {n, count})
+end
+
+-- What is written for (index, count) pairs: the short form when sub-window n holds every hit,
+-- else the full one.
+local function packed_value(width, n, total, last, pairs)
+  if #pairs == 2 and pairs[1] == n and total == pairs[2] then
+    return struct.pack(SHORT, 1, n, total)
+  end
+  return packed_build(width, n, total, last, pairs)
+end
+
+-- The state at sub-window `current` of a stored value (`raw`, false when the key is new).
+local function packed_open(raw, current)
+  local s = {layout = 'packed', raw = raw, width = 2, total = 0, newest = current, count = 0,
+    last = 0, loaded_last = 0, cleared = nil, dirty = false, stored = nil, stored_n = nil}
+  if not raw then return s end
+  if string.byte(raw, 1) == 1 then
+    -- The short form, read without making it whole: sub-window n holds every hit, and no slot
+    -- taken over before all have left holds any.
+    local _, n, count = struct.unpack(SHORT, raw)
+    s.stored_n, s.loaded_last = n, n
+    if current <= n then
+      s.total, s.newest, s.count, s.last = count, n, count, n
+    elseif current - n >= SLOTS then
+      s.total, s.newest, s.count, s.last, s.cleared = 0, current, 0, 0, true
+    else
+      s.total, s.newest, s.count, s.last, s.cleared = count, current, 0, n, {n + 1, current}
+    end
+    return s
+  end
+  local width, n, total, last = packed_read_header(raw)
+  s.width, s.stored_n, s.loaded_last = width, n, last
+  if current <= n then
+    -- The same sub-window, or the clock stepped back: hits count into n.
+    s.total, s.newest, s.count, s.last = total, n, packed_count(raw, width, n), last
+  elseif current - n >= SLOTS then
+    -- Every sub-window has left.
+    s.total, s.newest, s.count, s.last, s.cleared = 0, current, 0, 0, true
+  else
+    -- Sub-windows n + 1 .. current take over the slots of those that leave.
+    for index = n + 1, current do total = total - packed_count(raw, width, index) end
+    if total <= 0 then last = 0 end
+    s.total, s.newest, s.count, s.last = total, current, 0, last
+    s.cleared = {n + 1, current}
+  end
+  return s
+end
+
+-- The live (index, count) pairs of the stored value at `newest` (a refusal's retry time, a
+-- refund).
+local function packed_pairs(raw, newest)
+  local out = {}
+  if not raw then return out end
+  if string.byte(raw, 1) == 1 then
+    local _, n, count = struct.unpack(SHORT, raw)
+    if n + SUB_WINDOWS >= newest then out = {n, count} end
+    return out
+  end
+  local width, n = packed_read_header(raw)
+  local from = math.max(n - SUB_WINDOWS, newest - SUB_WINDOWS, 0)
+  for index = from, n do
+    local count = packed_count(raw, width, index)
+    if count > 0 then
+      out[#out + 1] = index
+      out[#out + 1] = count
+    end
+  end
+  return out
+end
+
 -- Writes what the admitted hits changed: the slots taken over are zeroed, the newest one set,
 -- the header rewritten; the TTL moves when `l` did (SET would drop it otherwise: KEEPTTL), in
 -- the same command (PXAT: a new key is one command).
 local function packed_flush(key, s, now, sub_us)
   local raw
   local small = s.count <= 65535 and s.width == 2
-  if s.raw and s.cleared ~= true and small and (s.cleared == nil or s.cleared[1] == s.cleared[2]) then
+  if s.total == s.count and s.count > 0 then
+    -- Every live hit in the newest sub-window: the short form.
+    raw = struct.pack(SHORT, 1, s.newest, s.count)
+  elseif s.raw and s.cleared ~= true and small and string.byte(s.raw, 1) ~= 1 and
+      (s.cleared == nil or s.cleared[1] == s.cleared[2]) then
     -- The usual case: one slot changes (the newest, taken over or not) and the header.
     local pos = packed_slot_pos(s.newest, 2)
     raw = packed_header(2, s.newest, s.total, s.last) ..
@@ -163,6 +212,7 @@ end
 -- A refund on a packed value (`raw`, false when none): `hits` taken back from the newest
 -- sub-windows first, never below zero.
 local function packed_refund(key, raw, now, sub_us, current, hits, commit)
+  raw = packed_expand(raw)
   local newest = current
   if raw then
     local _, n = packed_read_header(raw)
@@ -195,7 +245,7 @@ local function packed_refund(key, raw, now, sub_us, current, hits, commit)
   if kept_total > 0 then
     local width = 2
     if raw then width = string.byte(raw, 1) end
-    redis.call('SET', key, packed_build(width, newest, kept_total, kept_last, kept), 'PXAT',
+    redis.call('SET', key, packed_value(width, newest, kept_total, kept_last, kept), 'PXAT',
       expire_at_ms(now, (kept_last + SLOTS) * sub_us - now))
   elseif raw then
     redis.call('DEL', key)

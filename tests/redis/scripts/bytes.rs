@@ -140,3 +140,96 @@ async fn a_concurrency_key_costs_8_bytes_a_slot_and_goes_when_its_slots_do() {
         "0"
     );
 }
+
+/// A sliding-window key met once (a rule keyed by user) costs Redis no more than a fixed
+/// window's key met once (issue 47: `MEMORY USAGE`): its short form.
+/// It grows into the full form when a second sub-window holds hits beside the first, goes back
+/// once only the newest holds any, and decides the same in either form.
+#[tokio::test]
+async fn a_sliding_window_key_met_once_is_no_larger_than_a_fixed_windows() {
+    let redis = RedisServer::start();
+    let store = connected_store(Topology::Standalone(redis.url()), "s:").await;
+    let limit = |algorithm| Limit {
+        algorithm,
+        requests: 10,
+        window_us: 60_000_000,
+        burst: 10,
+    };
+    let check = |algorithm, hits: u64| Check {
+        key: key::counter_key("mem", [("user", "once")], &limit(algorithm), None),
+        limit: limit(algorithm),
+        hits,
+        refund: false,
+        post_paid: false,
+    };
+    let usage = |c: &Check| -> u64 {
+        cli(redis.port, &["MEMORY", "USAGE", &store.redis_key(c)])
+            .parse()
+            .unwrap()
+    };
+    let sliding = check(Algorithm::SlidingWindow, 1);
+    let fixed = check(Algorithm::FixedWindow, 1);
+    // Keys as the product names them (the sliding window's name is 2 bytes longer).
+    let s_key = store.redis_key(&sliding);
+    for c in [&sliding, &fixed] {
+        assert!(
+            decide(
+                &store,
+                std::slice::from_ref(c),
+                ScriptClock::Fixed(FUTURE_US)
+            )
+            .await[0]
+                .allowed
+        );
+    }
+    let (once, fixed_once) = (usage(&sliding), usage(&fixed));
+    eprintln!("MEMORY USAGE met once: sliding {once} B, fixed {fixed_once} B");
+    assert!(
+        once <= fixed_once,
+        "sliding {once} B > fixed {fixed_once} B"
+    );
+    let strlen = |k: &str| cli(redis.port, &["STRLEN", k]);
+    assert_eq!(strlen(&s_key), "11", "the short form");
+
+    // More hits in the same second stay short; a hit a second later, beside them, makes the
+    // full form (the first second's hits still live); the sum is one budget throughout.
+    let three = Check {
+        hits: 3,
+        ..sliding.clone()
+    };
+    let r = decide(
+        &store,
+        std::slice::from_ref(&three),
+        ScriptClock::Fixed(FUTURE_US + 10),
+    )
+    .await;
+    assert_eq!((r[0].allowed, r[0].remaining), (true, 6));
+    assert_eq!(strlen(&s_key), "11");
+    let r = decide(
+        &store,
+        std::slice::from_ref(&three),
+        ScriptClock::Fixed(FUTURE_US + 1_000_000),
+    )
+    .await;
+    assert_eq!((r[0].allowed, r[0].remaining), (true, 3));
+    assert_eq!(strlen(&s_key), (14 + 61 * 2).to_string(), "the full form");
+    let four = Check {
+        hits: 4,
+        ..sliding.clone()
+    };
+    let r = decide(&store, &[four], ScriptClock::Fixed(FUTURE_US + 2_000_000)).await;
+    assert!(!r[0].allowed, "7 + 4 of 10: {r:?}");
+    // 61 sub-windows of a second are live: at 61 s the first second's 4 hits have left, the 3
+    // of the next second stay (the full form, two sub-windows live).
+    let at = FUTURE_US + 61_000_000;
+    let r = decide(&store, std::slice::from_ref(&three), ScriptClock::Fixed(at)).await;
+    assert_eq!((r[0].allowed, r[0].remaining), (true, 4));
+    assert_eq!(strlen(&s_key), (14 + 61 * 2).to_string());
+    // Once those have left too, only the newest sub-window holds hits: the short form again.
+    let at = FUTURE_US + 122_000_000;
+    let r = decide(&store, &[three], ScriptClock::Fixed(at)).await;
+    assert_eq!((r[0].allowed, r[0].remaining), (true, 7));
+    assert_eq!(strlen(&s_key), "11", "short again");
+    let pttl: i64 = cli(redis.port, &["PTTL", &s_key]).parse().unwrap();
+    assert!(pttl > 0, "every key has a TTL: {pttl}");
+}
