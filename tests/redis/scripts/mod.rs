@@ -6,6 +6,7 @@ mod batching;
 mod bytes;
 use crate::common;
 mod model;
+mod oracle;
 mod production;
 mod upgrade;
 

@@ -111,36 +111,22 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
             for (i, decision) in from_memory.iter().take(leases.len()).enumerate() {
                 leases[i].extend(decision.lease);
             }
-            // A fixed window's reset and retry times, from the window Redis itself stored (not
-            // from the Rust that turns the script's reply into a decision, which the memory
-            // store shares): the end of the window the call counted in; a refused charge waits
-            // for it, unless the request is more than the limit (waiting never helps).
+            // Every reset and retry time, from the state Redis itself stored (not from the
+            // Rust that turns the script's reply into a decision, which the memory store
+            // shares): oracle.rs.
             for (check, decision) in checks.iter().zip(&from_redis) {
                 // (A key named twice in the call: its state at the end is the second's.)
                 let twice = checks.iter().filter(|c| c.key == check.key).count() > 1;
-                if check.limit.algorithm != Algorithm::FixedWindow
-                    || check.limit.requests == 0
-                    || twice
-                {
+                if check.limit.requests == 0 || twice {
                     continue;
                 }
-                let stored: Option<u64> = redis::cmd("HGET")
-                    .arg(format!("model:{}", check.key))
-                    .arg("w")
-                    .query_async(&mut conn)
-                    .await
-                    .expect("HGET");
-                let Some(stored) = stored else { continue };
-                let w = check.limit.window_us;
-                let reset = (stored.max(now / w) + 1) * w - now;
-                let what = format!("case {case} step {step} at {now}, window {stored}: {check:?}");
-                assert_eq!(decision.reset_after, Duration::from_micros(reset), "{what}");
-                if check.post_paid || check.refund {
-                    continue;
-                }
-                let retry = (!decision.allowed && check.hits <= check.limit.requests)
-                    .then(|| Duration::from_micros(reset.max(1)));
-                assert_eq!(decision.retry_after, retry, "{what}");
+                let seen = super::oracle::Seen {
+                    check,
+                    decision,
+                    now,
+                    at: format!("case {case} step {step} at {now} {mode:?}"),
+                };
+                super::oracle::assert_times(&mut conn, seen).await;
             }
             // Every key's expiry, absolute on the shared clock, as the model keeps its counter:
             // a key that outlives its state is harmless, one that expires before it hands the
