@@ -13,8 +13,8 @@
 -- recorded with no grant, as algorithm::share::record_demand; 2 its stream ended: its share
 -- freed, its claim kept to its grant's end, as algorithm::share::stream_ended), charged (1: the gateway's admissions up to now are in
 -- the rule's counters, its claim starts again), the rule's longest window (us), what its
--- windows have left (algorithm::share::Room: per window "operation:window:remaining:span",
--- joined by ';'); then the clock (0: Redis TIME; a fixed reading in us only in tests), then the
+-- windows have left (algorithm::share::Room: per window "operation:window:left:charged:span",
+-- left signed, joined by ';'); then the clock (0: Redis TIME; a fixed reading in us only in tests), then the
 -- most holders a rule keeps.
 -- Reply: {now_us, per key {tokens per fill, fill seconds, 1 when the gateway is short of its
 -- fair share (others hold it: the replica marks the descriptor contested) else 0}}; {0, 0, ...}
@@ -82,31 +82,42 @@ local function fair_share(capacity, demands, me)
   return mine
 end
 
--- algorithm::share::most: the most `mine` (its record, or nil) may be granted per second
--- within `rooms`: each window's remaining plus its own claim there, over the part of the grant
--- the window holds.
--- algorithm::share::stood_a_window: a reservation made at `since` covers the whole window of
--- operation `op` (1 sliding, 3 fixed) at now.
-local function stood_a_window(since, op, window)
-  if op == 3 and window > 0 then return since <= now - math.fmod(now, window) end
-  return now - since >= window
-end
-
--- ... and a reservation counts as its own only once it has stood the whole window.
-local function most(mine, rooms)
-  local best = math.huge
-  for op, window, remaining, span in string.gmatch(rooms, '(%d+):(%d+):(%d+):(%d+)') do
-    op, window, remaining, span = tonumber(op), tonumber(window), tonumber(remaining),
-      tonumber(span)
-    local own = 0
-    if mine ~= nil and mine.claim_rate > 0 then
+-- algorithm::share::sliding_room: what the window may count with every claim counted (the
+-- holder's own too), stopped at zero, plus the report's charge and the holder's own claim (a
+-- reservation as its own only once it has stood the whole window).
+local function sliding_room(mine, claimants, op, window, left, charged)
+  local all, own = claimants, 0
+  if mine ~= nil then
+    all = {}
+    for i = 1, #claimants do all[i] = claimants[i] end
+    all[#all + 1] = mine
+    if mine.claim_rate > 0 then
       local h = mine
-      if mine.reserved_since > 0 and not stood_a_window(mine.reserved_since, op, window) then
+      if mine.reserved_since > 0 and now - mine.reserved_since < window then
         h = {claim_rate = mine.granted_rate, since = mine.since, expires = mine.expires}
       end
       own = claimed_of({h}, op, window, now)
     end
-    best = math.min(best, (remaining + own) / (math.max(span, 1) / 1e6))
+  end
+  return math.max(left - claimed_of(all, op, window, now), 0) + charged + own
+end
+
+-- algorithm::share::most: the most `mine` (its record, or nil) may be granted per second
+-- within `rooms`, over the part of the grant each window holds: a fixed window's left (its
+-- limit less its count, signed) less what `claimants` (every other holder kept) claim there; a
+-- sliding window's sliding_room.
+local function most(mine, claimants, rooms)
+  local best = math.huge
+  for op, window, left, charged, span in
+      string.gmatch(rooms, '(%d+):(%d+):(%-?%d+):(%d+):(%d+)') do
+    op, window, left, charged, span = tonumber(op), tonumber(window), tonumber(left),
+      tonumber(charged), tonumber(span)
+    local seconds = math.max(span, 1) / 1e6
+    if op == 1 then
+      best = math.min(best, sliding_room(mine, claimants, op, window, left, charged) / seconds)
+    else
+      best = math.min(best, math.max(left - claimed_of(claimants, op, window, now), 0) / seconds)
+    end
   end
   return best
 end
@@ -138,6 +149,8 @@ for k, key in ipairs(KEYS) do
   -- The replicas' RLS demands (fields 'r…') weigh as one holder asking for their sum
   -- (algorithm::share::Holder::rls). Holders whose grant ended stay for their claims only.
   local rls, kept = nil, 0
+  -- Every other holder kept: their claims come off the rooms (algorithm::share::most).
+  local claimants = {}
   for j = 1, #all, 2 do
     local h = holder(all[j + 1])
     if string.sub(all[j], 1, 1) == 'v' then
@@ -150,6 +163,7 @@ for k, key in ipairs(KEYS) do
       demands[me], granted[me] = demand, 0
     elseif h ~= nil and h.keep > now then
       kept = kept + 1
+      if string.sub(all[j], 1, 1) ~= 'r' then claimants[#claimants + 1] = h end
       if h.expires > now then
         if string.sub(all[j], 1, 1) == 'r' then
           rls = (rls or 0) + math.max(h.demand, 0)
@@ -206,7 +220,7 @@ for k, key in ipairs(KEYS) do
     end
     local fair = fair_share(capacity, demands, me)
     local part = math.min(fair, capacity - others)
-    per_fill, every = quantize(math.min(part, most(mine, rooms)))
+    per_fill, every = quantize(math.min(part, most(mine, claimants, rooms)))
     -- Short: the others hold what its fair share needs (algorithm::share::is_short).
     if fair > capacity - others + eps then short = 1 end
     local rate = 0

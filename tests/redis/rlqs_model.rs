@@ -87,7 +87,15 @@ async fn grants_match_the_model(
                                 window_us: [1_000_000, 60_000_000][rng.random_range(0..2)],
                                 burst: 100,
                             },
-                            remaining: rng.random_range(0..40),
+                            // Signed (count and claims past the limit), now and then
+                            // as far below zero as a spent raised look reads.
+                            left: if rng.random_bool(0.05) {
+                                i64::MIN / 4
+                            } else {
+                                rng.random_range(-40..40)
+                            },
+                            // A sliding window's charge counts from now on.
+                            charged: rng.random_range(0..20),
                             span_us: rng.random_range(1..3_000_000),
                         })
                         .collect(),

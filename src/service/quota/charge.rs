@@ -164,15 +164,56 @@ pub(super) fn after_grant(
     }
 }
 
+/// A check of no hits on `layer` (nothing written) whose limit is raised far past what its
+/// count and the claims on it can reach: the look stops at zero, and `left_of` needs the count
+/// itself (its limit, the raised one less the claims, less its remaining).
+pub(super) fn look(layer: &Check) -> Check {
+    Check {
+        hits: 0,
+        refund: false,
+        post_paid: false,
+        limit: raised(&layer.limit),
+        ..layer.clone()
+    }
+}
+
+/// `limit` raised for a look: 16 times itself and one, at most to Envoy's largest limit (a
+/// sliding window counts up to `u32::MAX`).
+fn raised(limit: &crate::algorithm::Limit) -> crate::algorithm::Limit {
+    let most = limit.requests.max(u64::from(u32::MAX));
+    let requests = limit
+        .requests
+        .saturating_mul(16)
+        .saturating_add(1)
+        .min(most);
+    crate::algorithm::Limit {
+        requests,
+        burst: requests,
+        ..*limit
+    }
+}
+
+/// `layer`'s limit less its window's count, signed, from its `look` (`share::Room::left`); when
+/// even the raised limit was spent, as far below zero as to grant nothing.
+pub(super) fn left_of(layer: &Check, look: &crate::algorithm::Decision) -> i64 {
+    if look.remaining == 0 {
+        return i64::MIN / 4;
+    }
+    let count = look.limit.saturating_sub(look.remaining);
+    let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX / 4);
+    signed(layer.limit.requests) - signed(count)
+}
+
 /// What `layer`'s window has left for a new grant lasting `ttl_us`, from a check of no hits
-/// (`look`; `remaining` as the caller read it there, every claim counted): the part of the
-/// grant's life the window holds. A fixed window's end is the one the store's own clock gives
+/// (`look`; `left` as `left_of` read it there; `charged`: what the report charged into it): the
+/// part of the grant's life the window holds. A fixed window's end is the one the store's own clock gives
 /// (the look's `reset_after`): this host's clock may be off the store's, and a window taken to
 /// end sooner than it does grants its room over too short a span, more than it holds. A bucket
 /// has none (its refill is shared by rate).
 pub(super) fn room(
     layer: &Check,
-    remaining: u64,
+    left: i64,
+    charged: u64,
     look: &crate::algorithm::Decision,
     ttl_us: u64,
 ) -> Option<Room> {
@@ -187,7 +228,8 @@ pub(super) fn room(
     };
     Some(Room {
         limit: layer.limit,
-        remaining,
+        left,
+        charged,
         span_us,
     })
 }
@@ -232,15 +274,7 @@ impl Inner {
             owner.extend(std::iter::repeat_n(h, added.len()));
             checks.extend(added);
         }
-        let looks: Vec<Check> = probes
-            .iter()
-            .map(|(_, layer, _)| Check {
-                hits: 0,
-                refund: false,
-                post_paid: false,
-                ..(*layer).clone()
-            })
-            .collect();
+        let looks: Vec<Check> = probes.iter().map(|(_, layer, _)| look(layer)).collect();
         // Before its first grant a stream knows nothing of what its holder (a named gateway's,
         // from its last stream) claims: the claim keeps its start.
         let mut out: Vec<Charged> = holds
@@ -270,16 +304,10 @@ impl Inner {
             if decision.by_failure_mode {
                 continue;
             }
-            // A sliding window counts a charge from now on, though the gateway admitted it
-            // over the interval before: it leaves the true window as the new grant fills it,
-            // so the grant may use it again (else a gateway could never grow past its rate).
-            let mut remaining = decision.remaining;
-            if layer.limit.algorithm == Algorithm::SlidingWindow {
-                remaining = remaining.saturating_add(*charged);
-            }
+            let left = left_of(layer, decision);
             out[*h]
                 .rooms
-                .extend(room(layer, remaining, decision, ttl_us));
+                .extend(room(layer, left, *charged, decision, ttl_us));
         }
         out
     }

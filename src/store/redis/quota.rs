@@ -136,8 +136,8 @@ impl RedisStore {
     }
 }
 
-/// An ask's rooms as `lua/quota.lua` reads them: per window "operation:window us:remaining:
-/// span us" (1 sliding, 3 fixed), joined by ';'.
+/// An ask's rooms as `lua/quota.lua` reads them: per window "operation:window us:left:
+/// charged:span us" (1 sliding, 3 fixed; `left` signed), joined by ';'.
 fn rooms_arg(rooms: &[crate::algorithm::share::Room]) -> String {
     let mut out = String::new();
     for r in rooms {
@@ -150,8 +150,8 @@ fn rooms_arg(rooms: &[crate::algorithm::share::Room]) -> String {
             out.push(';');
         }
         out.push_str(&format!(
-            "{op}:{}:{}:{}",
-            r.limit.window_us, r.remaining, r.span_us
+            "{op}:{}:{}:{}:{}",
+            r.limit.window_us, r.left, r.charged, r.span_us
         ));
     }
     out
