@@ -79,10 +79,9 @@ async fn grants_match_the_model(
                     rooms: (0..rng.random_range(0..3))
                         .map(|_| Room {
                             limit: Limit {
-                                // A sliding window's claim of a grant that outlasts it is
-                                // its rate over the window: the same on both clocks (a fixed
-                                // window's depends on where in the window each clock is).
-                                algorithm: Algorithm::SlidingWindow,
+                                // Both windows: the script's clock is the model's.
+                                algorithm: [Algorithm::SlidingWindow, Algorithm::FixedWindow]
+                                    [rng.random_range(0..2)],
                                 requests: 100,
                                 window_us: [1_000_000, 60_000_000][rng.random_range(0..2)],
                                 burst: 100,
