@@ -175,7 +175,7 @@ impl Shares {
         &mut self,
         g: usize,
         l: &Limit,
-        room: share::Room,
+        rooms: Vec<share::Room>,
         charged: bool,
         ttl_us: u64,
         now: u64,
@@ -188,7 +188,7 @@ impl Shares {
             ttl_us,
             charged,
             window_us: l.window_us,
-            rooms: vec![room],
+            rooms,
         };
         share::report(&mut self.holders, &report, now)
     }
@@ -205,15 +205,6 @@ impl Shares {
         share::stream_ended(&mut self.holders, holder, now);
         *self.streams.entry(g).or_default() += 1;
     }
-}
-
-/// The rate the gateways other than `me` hold at `now`.
-pub(super) fn held_by_others(gw: &[Gateway], me: usize, now: u64) -> f64 {
-    gw.iter()
-        .enumerate()
-        .filter(|(i, o)| *i != me && o.claim.ends_us > now)
-        .map(|(_, o)| o.claim.rate)
-        .sum()
 }
 
 /// Gateway `gate`'s stream ends at `now` (a drain, a closed connection, a maximum connection
@@ -313,7 +304,7 @@ pub(super) fn run_shared(
                     span_us: ends.min(window_end) - now,
                 };
                 let charged = gw[g].charged();
-                let granted = shares.report(g, &l, room, charged, ttl, now);
+                let granted = shares.report(g, &l, vec![room], charged, ttl, now);
                 if let Some(fill) = gw[g].assign_tokens(granted, w, now, ends) {
                     *allowance.entry(win).or_default() += fill;
                     history[g].push((now, fill));

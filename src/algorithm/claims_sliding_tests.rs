@@ -77,7 +77,7 @@ fn run_sliding(
                     span_us: (ends - now).min(w),
                 };
                 let charged = gw[g].charged();
-                let granted = shares.report(g, &l, room, charged, ttl, now);
+                let granted = shares.report(g, &l, vec![room], charged, ttl, now);
                 if let Some(fill) = gw[g].assign_tokens(granted, w, now, ends) {
                     fills.push((now, fill));
                     history[g].push((now, fill));
