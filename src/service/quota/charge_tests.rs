@@ -125,3 +125,46 @@ fn a_fixed_windows_charge_is_capped_in_the_stores_window_not_the_hosts() {
     };
     assert_eq!(window_start(&second, &failed, now), None);
 }
+
+/// The look after a charge reads a window's count signed, past its limit too, whatever the
+/// claims the store counts on it (decided as the stores decide: `apply_claimed`); a count past
+/// even the raised limit reads as far below zero (nothing is granted).
+#[test]
+fn a_look_reads_the_windows_count_signed_whatever_the_claims() {
+    use crate::algorithm::{State, apply, apply_claimed};
+    const NOW: u64 = 100_000_000;
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let second = layer(algorithm, 10, 1);
+        let looked = look(&second);
+        assert_eq!(looked.limit.requests, 161);
+        assert_eq!((looked.hits, looked.refund), (0, false));
+        for (count, claimed) in [
+            (0, 0),
+            (4, 3),
+            (12, 0),
+            (9, 8),
+            (30, 20),
+            (150, 10),
+            (160, 5),
+        ] {
+            let mut state = State::empty(algorithm);
+            let wide = Limit {
+                requests: 1_000,
+                burst: 1_000,
+                ..second.limit
+            };
+            assert!(apply(&mut state, NOW, &wide, count).decision.allowed);
+            let decision = apply_claimed(&mut state, NOW, &looked.limit, 0, claimed).decision;
+            let want = if count + claimed >= 161 {
+                i64::MIN / 4
+            } else {
+                10 - count as i64
+            };
+            assert_eq!(
+                left_of(&second, &decision),
+                want,
+                "{algorithm:?}: {count} counted, {claimed} claimed: {decision:?}"
+            );
+        }
+    }
+}
