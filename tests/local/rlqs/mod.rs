@@ -41,6 +41,9 @@ descriptors:
     value: /api/*
     share_threshold: true
     rate_limit: {unit: second, requests_per_unit: 20}
+  - key: plan
+    value: fixed
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window}
 ";
 
 /// Gateways that report every second: assignments last 3 s. No pushes between reports: each

@@ -428,3 +428,44 @@ descriptors:
     );
     server.stop().await;
 }
+
+/// On a fixed window, a report is granted what the window holds once its count and the other
+/// gateways' claims are off, read signed (issue 43): two gateways hold 5/s each of a second's
+/// 10; by mid-second one has admitted 3, so it gets the 2 left beside the other's 5 over the
+/// half second left: 4/s. (The room read stopped at zero with its own claim given back on top
+/// granted it its fair 5/s: 3 + 2.5 + 5, past the 10.)
+#[tokio::test]
+async fn a_fixed_window_past_its_limit_with_the_claims_grants_only_what_it_holds() {
+    let server = server().await;
+    let mut one = Gateway::open(&server).await;
+    let mut two = Gateway::open(&server).await;
+    let plan: &[(&str, &str)] = &[("plan", "fixed")];
+    let rate = |actions: Vec<BucketAction>| tokens_per_second(&assigned(&actions[0]));
+    // At the second's start: one alone gets the whole rate; two gets nothing while one holds
+    // it all; one's next report leaves two half, which two gets at its next.
+    assert_eq!(
+        rate(one.report("edge", &[(plan, 30, 0)]).await.unwrap()),
+        10.0
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            assigned(&two.report("edge", &[(plan, 30, 0)]).await.unwrap()[0]),
+            "deny_all ttl 3s"
+        );
+    }
+    assert_eq!(
+        rate(one.report("edge", &[(plan, 0, 30)]).await.unwrap()),
+        5.0
+    );
+    assert_eq!(
+        rate(two.report("edge", &[(plan, 0, 30)]).await.unwrap()),
+        5.0
+    );
+    // Half a second on, one has admitted 3: charged, 7 left in the window, 5 of them two's.
+    server.clock.advance_us(500_000);
+    assert_eq!(
+        rate(one.report("edge", &[(plan, 3, 27)]).await.unwrap()),
+        4.0
+    );
+    server.stop().await;
+}
