@@ -79,17 +79,116 @@ fn run_bucket(
     (admissions, history)
 }
 
+/// A sequence random steps found past the bound by one (61 in 85 s where a minute's bucket of
+/// 24 allows 60: one gateway whose streams end beside RLS calls; issue 43): what it admitted
+/// on an ended stream's assignment was never charged (a new stream's first report charged
+/// nothing), and once that claim went RLS was handed it again from a bucket it kept drained.
+/// A new stream's first report now charges a bucket (`service::quota::charge`).
+#[test]
+fn an_ended_streams_admissions_are_charged_to_a_bucket_before_its_claim_goes() {
+    let steps = [
+        (3, 0, 0),
+        (4, 0, 0),
+        (7, 0, 1746),
+        (0, 0, 324),
+        (0, 0, 1375),
+        (0, 0, 1577),
+        (4, 0, 1865),
+        (7, 0, 1279),
+        (5, 0, 1883),
+        (3, 0, 955),
+        (4, 0, 780),
+        (2, 0, 38),
+        (0, 0, 1785),
+        (0, 0, 904),
+        (3, 0, 1117),
+        (7, 0, 1763),
+        (0, 0, 1462),
+        (4, 0, 270),
+        (4, 0, 729),
+        (0, 0, 1632),
+        (0, 0, 823),
+        (0, 0, 275),
+        (0, 0, 1106),
+        (0, 0, 1036),
+        (4, 0, 207),
+        (0, 0, 462),
+        (0, 0, 1053),
+        (0, 0, 1486),
+        (4, 0, 1570),
+        (4, 0, 1174),
+        (4, 0, 1342),
+        (0, 0, 1352),
+        (0, 0, 1602),
+        (0, 0, 678),
+        (4, 0, 1570),
+        (0, 0, 1524),
+        (0, 0, 1184),
+        (4, 0, 1521),
+        (0, 0, 1334),
+        (4, 0, 262),
+        (4, 0, 1118),
+        (0, 0, 377),
+        (0, 0, 1065),
+        (0, 0, 1124),
+        (4, 0, 1649),
+        (0, 0, 1680),
+        (0, 2, 1042),
+        (0, 2, 1923),
+        (5, 1, 561),
+        (0, 0, 1256),
+        (0, 0, 1771),
+        (0, 0, 875),
+        (0, 0, 650),
+        (0, 0, 1010),
+        (4, 0, 333),
+        (4, 0, 1881),
+        (0, 0, 1918),
+        (0, 0, 85),
+        (0, 0, 1678),
+        (0, 0, 1120),
+        (5, 0, 1400),
+        (4, 0, 1916),
+        (5, 3, 1523),
+        (4, 0, 848),
+        (0, 0, 1304),
+        (0, 0, 1623),
+        (0, 0, 1469),
+        (0, 0, 777),
+        (0, 0, 1254),
+        (0, 0, 695),
+        (0, 0, 834),
+        (0, 0, 1579),
+        (0, 0, 1919),
+        (0, 0, 264),
+        (0, 0, 990),
+        (0, 0, 890),
+        (0, 0, 1022),
+        (0, 0, 160),
+    ];
+    let (admissions, history) = run_bucket(60, 24, 1, &steps);
+    let rate = 24.0 / 60.0;
+    let fills: Vec<(u64, u64)> = history.iter().flatten().copied().collect();
+    for (i, &a) in admissions.iter().enumerate() {
+        let carried = carried_at(&history, a.saturating_sub(1));
+        for (j, &b) in admissions.iter().enumerate().skip(i) {
+            let made: u64 = fills
+                .iter()
+                .filter(|(t, _)| *t >= a && *t <= b)
+                .map(|(_, n)| n)
+                .sum();
+            let refill = (rate * (b - a) as f64 / 1e6 + EPSILON).floor() as u64;
+            let admitted = (j - i + 1) as u64;
+            assert!(
+                admitted <= 24 + refill + made + carried,
+                "{admitted} in [{a}, {b}]: {refill} refilled, {made} made, {carried} carried"
+            );
+        }
+    }
+}
+
 proptest! {
-    // The same 64 sequences in every run (a fixed seed). With the grants `share::report` makes
-    // (before, the model granted by a formula of its own), random seeds find a span past the
-    // bound by one (61 > 60: one gateway on a minute's bucket of 24, streams ending between its
-    // reports beside RLS calls; issue 43, the sequence in the closing note of 2026-11-28): until
-    // that is fixed CI checks a reproducible set. To explore, change the seed.
-    #![proptest_config(ProptestConfig {
-        cases: 64,
-        rng_seed: proptest::test_runner::RngSeed::Fixed(0x5eed_b0c3),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(ProptestConfig::with_cases(64))]
     /// On a token bucket of burst B refilled at R: over every span [a, b] of the run, RLS and
     /// gateway admissions together stay within B + R (b - a), plus one fill per gateway per
     /// assignment made in the span and the fills its buckets carried in.

@@ -75,9 +75,15 @@ impl Gateway {
     pub(super) fn report_charge(&mut self, l: &Limit, now: u64) -> u64 {
         if self.moved {
             // A new stream's first report: what it admitted is the old stream's claim's
-            // (`service::quota::charge`: nothing before the stream's first grant).
-            self.unreported = 0;
-            return 0;
+            // (`service::quota::charge`: nothing before the stream's first grant on a window);
+            // a bucket's is charged, at most the bucket's burst and the rate over an
+            // assignment's life.
+            let unreported = std::mem::take(&mut self.unreported);
+            if l.algorithm != Algorithm::TokenBucket {
+                return 0;
+            }
+            let most = l.burst + (l.per_second() * 11.0).ceil() as u64;
+            return unreported.min(most);
         }
         let past = Claim {
             ends_us: now.min(self.claim.ends_us),

@@ -31,7 +31,7 @@ fn admissions_are_charged_up_to_the_claim_in_each_window() {
     };
     let now = 105 * S + S / 2;
     let none = HashMap::new();
-    let charged = charges(&[second, minute], 27, Some(&last), now, &none);
+    let charged = charges(&[second, minute], 27, Some(&last), now, &none, 11_000_000);
     // The second [105, 106) holds half a second of it (3, rounded up); the minute all 27.
     assert_eq!(charged.iter().map(|c| c.hits).collect::<Vec<_>>(), [3, 27]);
     assert!(charged.iter().all(|c| c.post_paid && !c.refund));
@@ -43,6 +43,7 @@ fn admissions_are_charged_up_to_the_claim_in_each_window() {
         Some(&full),
         now,
         &none,
+        11_000_000,
     );
     assert_eq!(charged[0].hits, 8);
     // Nothing granted before on this stream: nothing.
@@ -52,11 +53,22 @@ fn admissions_are_charged_up_to_the_claim_in_each_window() {
             4,
             None,
             now,
-            &none
+            &none,
+            11_000_000
         )
         .is_empty()
     );
-    assert!(charges(&[layer(Algorithm::FixedWindow, 10, 1)], 0, None, now, &none).is_empty());
+    assert!(
+        charges(
+            &[layer(Algorithm::FixedWindow, 10, 1)],
+            0,
+            None,
+            now,
+            &none,
+            11_000_000
+        )
+        .is_empty()
+    );
 }
 
 const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
@@ -100,6 +112,7 @@ fn a_fixed_windows_charge_is_capped_in_the_stores_window_not_the_hosts() {
         Some(&last),
         now,
         &HashMap::new(),
+        11_000_000,
     );
     assert_eq!(by_host[0].hits, 1);
     // The store's second ends 0.3 s after a look sent at 101.2 s: it began at 100.5 s (this
@@ -116,7 +129,14 @@ fn a_fixed_windows_charge_is_capped_in_the_stores_window_not_the_hosts() {
     let start = window_start(&second, &look, now).unwrap();
     assert_eq!(start, 100 * S + S / 2);
     let starts = HashMap::from([(second.key.clone(), start)]);
-    let by_store = charges(std::slice::from_ref(&second), 27, Some(&last), now, &starts);
+    let by_store = charges(
+        std::slice::from_ref(&second),
+        27,
+        Some(&last),
+        now,
+        &starts,
+        11_000_000,
+    );
     assert_eq!(by_store[0].hits, 2);
     // A look the store did not answer says nothing.
     let failed = crate::algorithm::Decision {
@@ -167,4 +187,44 @@ fn a_look_reads_the_windows_count_signed_whatever_the_claims() {
             );
         }
     }
+}
+
+/// A stream's first report (no grant on it yet): nothing into a window (what it admitted is the
+/// filter's own, or the old stream's claim's, which a window forgets before that claim goes);
+/// into a token bucket what it admitted, at most its burst and its rate over an assignment's
+/// life (a bucket kept drained by RLS would owe it after the claim goes, issue 43).
+#[test]
+fn a_streams_first_report_charges_only_its_token_buckets() {
+    let none = HashMap::new();
+    let now = 100_000_000;
+    let windows = [
+        layer(Algorithm::FixedWindow, 10, 1),
+        layer(Algorithm::SlidingWindow, 600, 60),
+    ];
+    assert!(charges(&windows, 27, None, now, &none, 11_000_000).is_empty());
+    // 24 a minute, burst 24: at most 24 + 0.4/s over 11 s (5).
+    let bucket = layer(Algorithm::TokenBucket, 24, 60);
+    let charged = charges(
+        &[windows[0].clone(), bucket.clone()],
+        27,
+        None,
+        now,
+        &none,
+        11_000_000,
+    );
+    assert_eq!(charged.len(), 1, "{charged:?}");
+    assert_eq!(
+        (charged[0].key.as_str(), charged[0].hits),
+        (bucket.key.as_str(), 27)
+    );
+    assert!(charged[0].post_paid);
+    let most = charges(
+        std::slice::from_ref(&bucket),
+        1_000,
+        None,
+        now,
+        &none,
+        11_000_000,
+    );
+    assert_eq!(most[0].hits, 24 + 5);
 }

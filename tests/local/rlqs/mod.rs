@@ -44,6 +44,9 @@ descriptors:
   - key: plan
     value: fixed
     rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window}
+  - key: plan
+    value: bucket
+    rate_limit: {unit: minute, requests_per_unit: 24, algorithm: token_bucket}
 ";
 
 /// Gateways that report every second: assignments last 3 s. No pushes between reports: each

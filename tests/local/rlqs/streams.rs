@@ -88,6 +88,39 @@ async fn a_stream_that_ends_keeps_its_claim_until_its_assignment_ends() {
     server.stop().await;
 }
 
+/// On a token bucket, what a gateway admitted on an ended stream's assignment is charged at its
+/// next stream's first report (issue 43): RLS then finds the bucket less those admissions. On a
+/// bucket kept drained by RLS, leaving them uncharged handed them to RLS again once the old
+/// stream's claim went (the one-budget model: 61 in 85 s on a bucket allowing 60).
+#[tokio::test]
+async fn a_new_streams_first_report_charges_a_token_bucket() {
+    let server = server().await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let plan: &[(&str, &str)] = &[("plan", "bucket")];
+    let mut old = Gateway::open(&server).await;
+    // Granted (nothing admitted yet), then the stream ends.
+    let first = assigned(&old.report("edge", &[(plan, 0, 5)]).await.unwrap()[0]);
+    assert!(first.starts_with("tokens"), "{first}");
+    drop(old);
+    await_streams(admin, 0).await;
+    // A new stream's first report: 6 admitted on the old assignment.
+    let mut new = Gateway::open(&server).await;
+    new.report("edge", &[(plan, 6, 0)]).await.unwrap();
+    // The bucket holds 24; the clock has not moved, so the grants claim none of it yet.
+    let mut rls = 0;
+    while server
+        .ok(common::request("edge", &[plan]))
+        .await
+        .overall_code
+        == portcullis::pb::rate_limit_response::Code::Ok as i32
+    {
+        rls += 1;
+        assert!(rls <= 24);
+    }
+    assert_eq!(rls, 24 - 6, "RLS beside the 6 the gateway admitted");
+    server.stop().await;
+}
+
 /// A gateway that names itself keeps its holds across a broken stream: while it reconnects,
 /// another gateway cannot take them, and its next stream is the same holder (its own grant is
 /// not counted against it).
