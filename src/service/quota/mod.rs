@@ -17,6 +17,7 @@ mod identity;
 mod push;
 mod registry;
 mod report;
+mod room;
 
 pub use identity::IDENTITY_HEADER;
 pub use registry::{Assigned, Registry};

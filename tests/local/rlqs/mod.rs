@@ -9,6 +9,7 @@
 
 use crate::common;
 mod limits;
+mod rooms;
 mod serving;
 mod shares;
 mod streams;
