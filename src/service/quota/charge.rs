@@ -78,17 +78,20 @@ pub(super) fn charges(
                 }
                 _ => claims::claimed(&[claim], &layer.limit, now_us),
             };
-            let cap = claimed.saturating_add(g.burst);
-            let hits = admitted.min(cap);
-            (hits > 0).then(|| Check {
-                key: layer.key.clone(),
-                limit: layer.limit,
-                hits,
-                refund: false,
-                post_paid: true,
-            })
+            post_paid(layer, admitted.min(claimed.saturating_add(g.burst)))
         })
         .collect()
+}
+
+/// `hits` charged into `layer` after the fact (none for none).
+fn post_paid(layer: &Check, hits: u64) -> Option<Check> {
+    (hits > 0).then(|| Check {
+        key: layer.key.clone(),
+        limit: layer.limit,
+        hits,
+        refund: false,
+        post_paid: true,
+    })
 }
 
 /// What a stream admitted before its first grant, charged into the token buckets of `layers`
@@ -104,14 +107,7 @@ fn unclaimed_charges(layers: &[Check], admitted: u64, life_us: u64) -> Vec<Check
         .filter_map(|layer| {
             let over_life = (layer.limit.per_second() * life_us as f64 / 1e6).ceil();
             let most = layer.limit.burst.saturating_add(over_life as u64);
-            let hits = admitted.min(most);
-            (hits > 0).then(|| Check {
-                key: layer.key.clone(),
-                limit: layer.limit,
-                hits,
-                refund: false,
-                post_paid: true,
-            })
+            post_paid(layer, admitted.min(most))
         })
         .collect()
 }
