@@ -9,6 +9,11 @@ use std::time::Duration;
 
 use super::redis::{free_port, wait_until};
 
+/// libfaketime, loaded with LD_PRELOAD and driven by FAKETIME-style variables: a process
+/// whose host clock is shifted or stepped (the `faketime` wrapper races on a named semaphore
+/// when several start at once: "sem_open: File exists").
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
 /// A child process killed (and reaped) when dropped: a test that fails half-way stops it too.
 pub struct Killed(pub std::process::Child);
 

@@ -2,14 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::process::ServeProcess;
+use crate::common::process::{LIBFAKETIME, ServeProcess};
 use crate::common::request;
 use portcullis::pb::rate_limit_response::Code;
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
-
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_store_keeps_ageing_after_the_host_clock_steps_forward_and_back() {

@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use crate::common::process::ServeProcess;
+use crate::common::process::{LIBFAKETIME, ServeProcess};
 use crate::common::redis::{RedisCluster, RedisServer, cli};
 use crate::common::{TestServer, request};
 use portcullis::pb::rate_limit_response::Code;
@@ -112,24 +112,20 @@ async fn two_instances_on_one_cluster_share_one_budget_and_each_key_has_one_slot
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_host_clock_is_45s_off_still_shares_the_budget() {
     assert!(
-        std::process::Command::new("faketime")
-            .arg("--help")
-            .output()
-            .is_ok(),
-        "faketime is not installed: apt-get install faketime (scripts/test installs it)"
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "libfaketime is missing: apt-get install faketime (scripts/test installs it)"
     );
     // The fake clock really is off for processes started under it.
-    let shifted: u64 = String::from_utf8(
-        std::process::Command::new("faketime")
-            .args(["-f", "+45s", "date", "+%s"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
+    let date = std::process::Command::new("date")
+        .arg("+%s")
+        .env("LD_PRELOAD", LIBFAKETIME)
+        .env("FAKETIME", "+45s")
+        .output()
+        .unwrap();
+    let shifted: u64 = String::from_utf8_lossy(&date.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("date under libfaketime: {date:?}"));
     let real = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -213,9 +209,13 @@ fn replica(
         "--redis-sliding-layout",
         "packed",
     ];
-    let wrapper: Vec<&str> =
-        fake_offset.map_or(Vec::new(), |offset| vec!["faketime", "-f", offset]);
-    ServeProcess::spawn(rules, &args, &[], &wrapper)
+    let envs: Vec<(&str, String)> = fake_offset.map_or(Vec::new(), |offset| {
+        vec![
+            ("LD_PRELOAD", LIBFAKETIME.to_owned()),
+            ("FAKETIME", offset.to_owned()),
+        ]
+    });
+    ServeProcess::spawn(rules, &args, &envs, &[])
 }
 
 /// The overall code for one hit on `key` of domain `clock`, through the `ask` subcommand (a
