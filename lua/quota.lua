@@ -82,24 +82,34 @@ local function fair_share(capacity, demands, me)
   return mine
 end
 
--- algorithm::share::sliding_room: what the window may count with every claim counted (the
--- holder's own too), stopped at zero, plus the report's charge and the holder's own claim (a
--- reservation as its own only once it has stood the whole window).
-local function sliding_room(mine, claimants, op, window, left, charged)
-  local all, own = claimants, 0
+-- algorithm::share::sliding_room: the most per second a sliding window holds for `mine`'s
+-- new grant over `span`: the window's left less the others' claims (never less than what
+-- remains of its own claim, a reservation as its own only once it has stood the whole window),
+-- plus its charge in so far as the charged hits (admitted before now at most at its granted
+-- rate) have left the window by the span's end; while every one may still be in it, what is
+-- left without them.
+local function sliding_room(mine, claimants, op, window, left, charged, span)
+  span = math.min(math.max(span, 1), math.max(window, 1))
+  local own, granted_rate = 0, 0
   if mine ~= nil then
-    all = {}
-    for i = 1, #claimants do all[i] = claimants[i] end
-    all[#all + 1] = mine
-    if mine.claim_rate > 0 then
-      local h = mine
-      if mine.reserved_since > 0 and now - mine.reserved_since < window then
-        h = {claim_rate = mine.granted_rate, since = mine.since, expires = mine.expires}
-      end
-      own = claimed_of({h}, op, window, now)
+    granted_rate = mine.granted_rate
+    local rate = mine.claim_rate
+    if mine.reserved_since > 0 and now - mine.reserved_since < window then
+      rate = mine.granted_rate
     end
+    -- What remains of it: its claim less what the gateway admitted on it (the charge).
+    own = math.max(claim_of({claim_rate = rate, since = mine.since, expires = mine.expires},
+      op, window, now) - charged, 0)
   end
-  return math.max(left - claimed_of(all, op, window, now), 0) + charged + own
+  local base = math.max(left - claimed_of(claimants, op, window, now), own)
+  local staying = math.min(charged, granted_rate * math.max(window - span, 0) / 1e6)
+  local most = (base + charged - staying) / (span / 1e6)
+  if granted_rate > 0 then
+    -- Until then every charged hit may still be in the window.
+    local all_in = window - charged / granted_rate * 1e6
+    if all_in > 0 and all_in < span then most = math.min(most, base / (all_in / 1e6)) end
+  end
+  return math.max(most, 0)
 end
 
 -- algorithm::share::most: the most `mine` (its record, or nil) may be granted per second
@@ -114,7 +124,7 @@ local function most(mine, claimants, rooms)
       tonumber(charged), tonumber(span)
     local seconds = math.max(span, 1) / 1e6
     if op == 1 then
-      best = math.min(best, sliding_room(mine, claimants, op, window, left, charged) / seconds)
+      best = math.min(best, sliding_room(mine, claimants, op, window, left, charged, span))
     else
       best = math.min(best, math.max(left - claimed_of(claimants, op, window, now), 0) / seconds)
     end

@@ -32,51 +32,67 @@ pub(super) fn most(holders: &[Holder], me: usize, rooms: &[Room], now_us: u64) -
     rooms
         .iter()
         .map(|r| {
-            let span = r.span_us.max(1) as f64 / 1e6;
             if r.limit.algorithm == crate::algorithm::Algorithm::SlidingWindow {
-                return sliding_room(&holders[me], &others, r, now_us) as f64 / span;
+                return sliding_room(&holders[me], &others, r, now_us);
             }
+            let span = r.span_us.max(1) as f64 / 1e6;
             let claimed = crate::algorithm::claims::claimed(&others, &r.limit, now_us);
             (r.left as f64 - claimed as f64).max(0.0) / span
         })
         .fold(f64::INFINITY, f64::min)
 }
 
-/// A sliding window's room for `holder`'s new grant: what the window may count with every
-/// claim counted, stopped at zero, plus the report's own charge (counted from now on, though
-/// the gateway admitted it over the time before: it leaves the true window as the new grant
-/// fills it) and the holder's own claim there (which the new grant replaces). A reservation
-/// counts as its own only once it has stood the whole window: before, the window may still
-/// hold what others spent before it was made, and only what it was granted is its own.
-/// Not yet signed as a fixed window's room is: that made a sliding second's steady state
-/// oscillate (the others' charges, counted from their reports on, and their claims leave no
-/// room once several gateways share it: grants of nothing, then a new bucket at each change),
-/// and random sequences still find a window past the bound by one (10 > 9 on a sliding minute
-/// of 8: claims_sliding_tests.rs; issue 43).
+/// A sliding window's room for `holder`'s new grant, per second. Its charged hits are counted
+/// from now on though the gateway admitted them before, at most at the rate it was granted: `x`
+/// after now, at most `granted_rate × (W − x)` of them are still in the true window. So the
+/// charge is given back only in so far as its hits have left the window by the grant's span's
+/// end (all of them on a sliding second, none on a minute whose grant spans 11 s), and while
+/// every one of them may still be in it, the grant must fit in what is left without them.
+/// The rest is the window's `left` less the other holders' claims, but never less than what
+/// remains of the holder's own claim (which everyone counted already): the others' charges
+/// are counted from their reports on as well, and a room read signed from them alone made a
+/// sliding second's steady state oscillate (grants of nothing, then a new bucket at each
+/// change). A reservation counts as its own only once it has stood the whole window: before,
+/// the window may still hold what others spent before it was made. Giving the whole charge
+/// and the whole own claim back granted a gateway on a minute its admissions again (issue 43:
+/// 29 admitted in a minute of 26, and 14 in one of 12 where a one-token bucket was spent at
+/// once and its claim's time left counted as its own).
 fn sliding_room(
     holder: &Holder,
     others: &[crate::algorithm::claims::Claim],
     r: &Room,
     now_us: u64,
-) -> u64 {
-    let mut all: Vec<crate::algorithm::claims::Claim> = others.to_vec();
-    all.extend(holder.claim());
-    let claimed = crate::algorithm::claims::claimed(&all, &r.limit, now_us);
-    let mut own = *holder;
-    if holder.reserved_since_us > 0
-        && now_us.saturating_sub(holder.reserved_since_us) < r.limit.window_us
-    {
-        own.claim_rate = holder.granted_rate;
+) -> f64 {
+    let w = r.limit.window_us;
+    let span = r.span_us.clamp(1, w.max(1));
+    let claimed = crate::algorithm::claims::claimed(others, &r.limit, now_us);
+    let mut rate = holder.claim_rate;
+    if holder.reserved_since_us > 0 && now_us.saturating_sub(holder.reserved_since_us) < w {
+        rate = holder.granted_rate;
     }
-    let own = own.claim().map_or(0, |c| {
-        crate::algorithm::claims::claimed(&[c], &r.limit, now_us)
-    });
-    let left = r
+    let own = crate::algorithm::claims::Claim {
+        rate,
+        since_us: holder.since_us,
+        ends_us: holder.expires_us,
+    };
+    // What remains of it: what it claims less what the gateway admitted on it (the charge: a
+    // claim's bucket may be spent at once, not at its rate).
+    let own = (crate::algorithm::claims::claim(&own, &r.limit, now_us) - r.charged as f64).max(0.0);
+    let base = (r
         .left
-        .saturating_sub(i64::try_from(claimed).unwrap_or(i64::MAX))
-        .max(0);
-    u64::try_from(left)
-        .unwrap_or(0)
-        .saturating_add(r.charged)
-        .saturating_add(own)
+        .saturating_sub(i64::try_from(claimed).unwrap_or(i64::MAX)) as f64)
+        .max(own);
+    let charged = r.charged as f64;
+    let staying = charged.min(holder.granted_rate * w.saturating_sub(span) as f64 / 1e6);
+    let mut most = (base + charged - staying) / (span as f64 / 1e6);
+    if holder.granted_rate > 0.0 {
+        // Until then every charged hit may still be in the window (within the span only when
+        // the charge is more than the old rate fills in the window less the span: a large
+        // bucket).
+        let all_in_us = w as f64 - charged / holder.granted_rate * 1e6;
+        if all_in_us > 0.0 && all_in_us < span as f64 {
+            most = most.min(base / (all_in_us / 1e6));
+        }
+    }
+    most.max(0.0)
 }

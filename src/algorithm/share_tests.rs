@@ -325,3 +325,68 @@ fn a_gateway_that_finds_the_window_spent_reserves_its_part_and_gets_it_a_window_
     let me = holders.iter().find(|h| !h.rls).copied().unwrap();
     assert_eq!(me.claim_rate, 3.0);
 }
+
+/// A sliding minute of `requests` with RLS asking beside gateway 1 (its fair part half the
+/// rule), and the gateway's report at `now_us` of `charged` hits into a minute with `left`
+/// (its grant spans 11 s of the minute).
+fn on_a_sliding_minute(
+    holders: &mut Vec<Holder>,
+    requests: u64,
+    left: i64,
+    charged: u64,
+    now_us: u64,
+) -> f64 {
+    const S: u64 = 1_000_000;
+    let minute = super::super::Limit {
+        algorithm: super::super::Algorithm::SlidingWindow,
+        requests,
+        window_us: 60 * S,
+        burst: requests,
+    };
+    let rate = minute.per_second();
+    record_demand(holders, 99, 3.0 * rate, now_us, 3 * S);
+    let ask = Report {
+        capacity: rate,
+        gateway: 1,
+        demand: 3.0 * rate,
+        ttl_us: 11 * S,
+        charged: true,
+        window_us: 60 * S,
+        rooms: vec![Room {
+            limit: minute,
+            left,
+            charged,
+            span_us: 11 * S,
+        }],
+    };
+    super::report(holders, &ask, now_us).map_or(0.0, Tokens::per_second)
+}
+
+/// What a gateway admitted on a sliding minute stays in it for a minute: its report's charge
+/// is not given back to it over an 11 s grant (issue 43: a minute of 26 with 23 spent by RLS,
+/// granted its 2 admissions again at each report, 29 admitted in a minute).
+#[test]
+fn a_gateway_on_a_sliding_minute_is_not_granted_its_charged_hits_again() {
+    const S: u64 = 1_000_000;
+    let mut holders = Vec::new();
+    // 3 left: granted its fair part, 13 a minute (2.4 over the grant's 11 s).
+    let first = on_a_sliding_minute(&mut holders, 26, 3, 0, 100 * S);
+    assert_eq!(first, 13.0 / 60.0);
+    // 7 s later it has admitted 2, charged now: the minute holds 1 more, whatever the grant.
+    let next = on_a_sliding_minute(&mut holders, 26, 1, 2, 107 * S);
+    assert!(next * 11.0 <= 1.0, "{next}/s over 11 s: past the 1 left");
+}
+
+/// A claim's bucket may be spent at once: what remains of it is its claim less what the
+/// gateway admitted, not its rate over the time left (issue 43: a minute of 12, a grant of one
+/// every 11 s spent in its first second, granted again with the minute spent: 14 in a minute).
+#[test]
+fn a_claim_spent_at_once_leaves_nothing_of_its_own() {
+    const S: u64 = 1_000_000;
+    let mut holders = Vec::new();
+    // 1 left: one every 11 s.
+    let first = on_a_sliding_minute(&mut holders, 12, 1, 0, 100 * S);
+    assert_eq!(first, 1.0 / 11.0);
+    // It admitted that one at once; 6 s later, the minute is spent: nothing.
+    assert_eq!(on_a_sliding_minute(&mut holders, 12, 0, 1, 106 * S), 0.0);
+}

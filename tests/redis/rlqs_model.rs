@@ -77,26 +77,7 @@ async fn grants_match_the_model(
                     window_us: [1_000_000, 10_000_000, 60_000_000][rng.random_range(0..3)],
                     shortest_us: 1_000_000,
                     rooms: (0..rng.random_range(0..3))
-                        .map(|_| Room {
-                            limit: Limit {
-                                // Both windows: the script's clock is the model's.
-                                algorithm: [Algorithm::SlidingWindow, Algorithm::FixedWindow]
-                                    [rng.random_range(0..2)],
-                                requests: 100,
-                                window_us: [1_000_000, 60_000_000][rng.random_range(0..2)],
-                                burst: 100,
-                            },
-                            // Signed (count and claims past the limit), now and then
-                            // as far below zero as a spent raised look reads.
-                            left: if rng.random_bool(0.05) {
-                                i64::MIN / 4
-                            } else {
-                                rng.random_range(-40..40)
-                            },
-                            // A sliding window's charge counts from now on.
-                            charged: rng.random_range(0..20),
-                            span_us: rng.random_range(1..3_000_000),
-                        })
+                        .map(|_| draw_room(&mut rng, capacities[rule]))
                         .collect(),
                 }
             })
@@ -141,6 +122,32 @@ async fn grants_match_the_model(
                 "step {step}, rule {rule}: {asks:?}"
             );
         }
+    }
+}
+
+/// A window's room for a rule of `capacity` per second: fixed or sliding (the script's clock is
+/// the model's), signed (count and claims past the limit; now and then as far below zero as a
+/// spent raised look reads), a charge in it (a sliding window's counts from now on), and over
+/// a span of the window: sized to what the rule grants over that span, so that the room, not
+/// the fair part, decides many grants.
+fn draw_room(rng: &mut StdRng, capacity: f64) -> Room {
+    let window_us: u64 = [1_000_000, 60_000_000][rng.random_range(0..2)];
+    let span_us = rng.random_range(1..=window_us.min(12_000_000));
+    let near = ((capacity * span_us as f64 / 1e6 * 2.0).ceil() as i64).max(3);
+    Room {
+        limit: Limit {
+            algorithm: [Algorithm::SlidingWindow, Algorithm::FixedWindow][rng.random_range(0..2)],
+            requests: 100,
+            window_us,
+            burst: 100,
+        },
+        left: if rng.random_bool(0.05) {
+            i64::MIN / 4
+        } else {
+            rng.random_range(-near..near)
+        },
+        charged: rng.random_range(0..2 * near as u64),
+        span_us,
     }
 }
 
