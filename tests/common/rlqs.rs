@@ -37,6 +37,19 @@ impl Gateway {
         Self::over(channel).await
     }
 
+    /// A stream from address `ip` (a loopback one: a gateway on another host, as the server
+    /// tells clients apart by address).
+    pub async fn open_from(server: &TestServer, ip: std::net::IpAddr) -> Gateway {
+        let addr = server.running.as_ref().unwrap().grpc_addr;
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .local_address(Some(ip))
+            .connect()
+            .await
+            .unwrap();
+        Self::over(channel).await
+    }
+
     /// A stream over `channel` (TLS, say).
     pub async fn over(channel: tonic::transport::Channel) -> Gateway {
         Self::named_over(channel, None).await
@@ -200,21 +213,30 @@ pub fn tokens_per_second(assigned: &str) -> f64 {
     tokens.parse::<f64>().unwrap() / seconds.parse::<f64>().unwrap()
 }
 
-/// A client churning streams: `streams` streams opened one after another on one connection to
-/// `server`, each reporting demand on `id` (domain `edge`) and closed once answered; every 50,
-/// and at the end, waits until the server has only `others` streams open again. Returns how many
-/// were granted tokens.
-pub async fn churn(server: &TestServer, id: &[(&str, &str)], streams: usize, others: u64) -> usize {
+/// A client churning streams: `streams` streams opened one after another to `server` (on one
+/// connection, or each on a new one: `each`), each reporting demand on `id` (domain `edge`) and
+/// closed once answered; every 50, and at the end, waits until the server has only `others`
+/// streams open again. Returns how many were granted tokens.
+pub async fn churn(
+    server: &TestServer,
+    id: &[(&str, &str)],
+    streams: usize,
+    others: u64,
+    each: bool,
+) -> usize {
     let running = server.running.as_ref().unwrap();
     let admin = running.admin_addr.port();
-    let churner = tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let endpoint =
+        tonic::transport::Channel::from_shared(format!("http://{}", running.grpc_addr)).unwrap();
+    let one = endpoint.connect().await.unwrap();
     let mut granted = 0;
     for i in 0..streams {
-        let mut stream = Gateway::over(churner.clone()).await;
+        let channel = if each {
+            endpoint.connect().await.unwrap()
+        } else {
+            one.clone()
+        };
+        let mut stream = Gateway::over(channel).await;
         let actions = stream.report("edge", &[(id, 30, 0)]).await.unwrap();
         if assigned(&actions[0]).starts_with("tokens") {
             granted += 1;

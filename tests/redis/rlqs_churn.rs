@@ -1,9 +1,9 @@
-//! RLQS streams churned on one connection, on Redis (issue 43): 1,100 streams opened, granted
-//! and closed on one descriptor of an hour's rule leave at most the connection's bound of
-//! standing claims in its holder table, so a gateway on another connection gets its part at its
-//! first report, and an RLS check on the descriptor costs Redis about what it did before (before
-//! the bound: every holder slot taken, the next gateway denied for the hour, each check reading
-//! 1,024 records).
+//! RLQS streams churned, on Redis (issue 43): 1,100 streams opened, granted and closed on one
+//! descriptor of an hour's rule, on one connection or each on a new one, leave at most the
+//! connection's (or the address's) bound of standing claims in its holder table, so a gateway at
+//! another address gets its part at its first report, and an RLS check on the descriptor costs
+//! Redis about what it did before (before the bound: every holder slot taken, the next gateway
+//! denied for the hour, each check reading 1,024 records).
 
 use std::time::Duration;
 
@@ -45,6 +45,16 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_churned_on_one_connection_leave_the_descriptor_to_the_next_gateway() {
+    churned(false).await;
+}
+
+/// A client that opens a new connection for each stream is bounded by its address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_churned_on_a_connection_each_leave_the_descriptor_to_the_next_gateway() {
+    churned(true).await;
+}
+
+async fn churned(each: bool) {
     let redis = RedisServer::start();
     let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
         redis_settings(s, &redis);
@@ -58,7 +68,7 @@ async fn streams_churned_on_one_connection_leave_the_descriptor_to_the_next_gate
     let held: &[(&str, &str)] = &[("churned", "c")];
     control.report("edge", &[(held, 30, 0)]).await.unwrap();
     let id: &[(&str, &str)] = &[("churned", "d")];
-    let granted = churn(&server, id, 1_100, 1).await;
+    let granted = churn(&server, id, 1_100, 1, each).await;
     assert!(
         granted <= 8,
         "{granted} churned streams were granted a part"
@@ -90,7 +100,7 @@ async fn streams_churned_on_one_connection_leave_the_descriptor_to_the_next_gate
         "{after:.1} us per check after the churn, {before:.1} as before it"
     );
     // Its part: half the rate, RLS (the checks above) asking for the other half.
-    let mut next = Gateway::open(&server).await;
+    let mut next = Gateway::open_from(&server, [127, 0, 0, 2].into()).await;
     let actions = next.report("edge", &[(id, 30, 0)]).await.unwrap();
     assert!(
         tokens_per_second(&assigned(&actions[0])) >= 0.5,

@@ -87,7 +87,7 @@ impl Inner {
                 if state.asks.len() >= 2 * self.config.max_buckets_per_stream {
                     continue;
                 }
-                // A connection that churned streams on it is refused it (`churn`); the hold
+                // A connection (or address) that churned streams on it is refused it (`churn`); the hold
                 // taken there is released with the stream's asks, or here when refused.
                 let now = Instant::now();
                 if !self.churn.hold(state.peer, &h.ask.key, now) {
@@ -97,7 +97,7 @@ impl Inner {
                 }
                 // Kept in the push registry only with its ask: the stream's end releases both.
                 if !self.pushes.hold(state.stream, &h.ask.key) {
-                    self.churn.release(state.peer, &h.ask.key, None, now);
+                    self.churn.release(state.peer, &h.ask.key, None, false, now);
                     h.refused = true;
                     continue;
                 }
@@ -277,9 +277,10 @@ impl Inner {
                     refused = churned,
                     most = super::churn::MOST_ENDED_PER_CONNECTION,
                     similar_not_logged = skipped,
-                    "RLQS holds refused: this connection has opened and ended streams holding \
-                     these descriptors until as many claims as one connection may stand there; \
-                     its buckets on them are denied until those claims end"
+                    "RLQS holds refused: this connection (or its address, with streams that \
+                     ended quickly) has opened and ended streams holding these descriptors until \
+                     as many claims as one connection may stand there; its buckets on them are \
+                     denied until those claims end"
                 );
             }
         }

@@ -22,8 +22,9 @@ pub(super) struct Hold {
     pub ask: Ask,
     pub members: Vec<(Member, f64)>,
     /// Not granted: this replica's streams hold as many of its descriptor's holder slots as
-    /// one replica may, or (`churned`) its connection has left as many ended streams' claims
-    /// standing there as one connection may (its admissions are charged all the same).
+    /// one replica may, or (`churned`) its connection, or its address with streams that ended
+    /// quickly, has left as many ended streams' claims standing there as one connection may
+    /// (its admissions are charged all the same).
     pub refused: bool,
     pub churned: bool,
 }

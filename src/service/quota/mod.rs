@@ -212,11 +212,13 @@ impl RateLimitQuotaService for QuotaService {
             // Its holds on its connection (`churn`): an unnamed stream's claims stand on for
             // its assignment's life and a window; a named gateway's next stream takes them over.
             let now = Instant::now();
+            let quick = now.duration_since(state.opened)
+                < churn::QUICK_INTERVALS * inner.config.reporting_interval;
             for (key, ask) in &state.asks {
                 let granted = state.granted.get(key).is_some_and(|g| g.rate > 0.0);
                 let stands = (identity.is_none() && granted)
                     .then(|| state.ttl + Duration::from_micros(ask.window_us));
-                inner.churn.release(state.peer, key, stands, now);
+                inner.churn.release(state.peer, key, stands, quick, now);
             }
             if let Some(status) = ending {
                 let _ = tx.send(Err(status)).await;
@@ -252,6 +254,8 @@ struct StreamState {
     interval: Duration,
     window_start: Instant,
     reports_in_window: u32,
+    /// When it opened (a stream that ends quickly counts against its address: `churn`).
+    opened: Instant,
 }
 
 impl StreamState {
@@ -269,6 +273,7 @@ impl StreamState {
             interval,
             window_start: Instant::now(),
             reports_in_window: 0,
+            opened: Instant::now(),
         }
     }
 }
