@@ -13,13 +13,17 @@
 -- recorded with no grant, as algorithm::share::record_demand; 2 its stream ended: its share
 -- freed, its claim kept to its grant's end, as algorithm::share::stream_ended), charged (1: the gateway's admissions up to now are in
 -- the rule's counters, its claim starts again), the rule's longest window (us), what its
--- windows have left (algorithm::share::Room: per window "operation:window:left:charged:span",
--- left signed, joined by ';'); then the clock (0: Redis TIME; a fixed reading in us only in tests), then the
--- most holders a rule keeps.
+-- windows have left (algorithm::share::Room: per window
+-- "operation:window:left:charged:span:limit:sub-window:counter", left signed, joined by ';';
+-- `counter` the place of the window's counter key among those below, from 1, or 0: the room
+-- stands as given); then the rooms' counter keys (each in its ask's slot: it shares the
+-- descriptor's hash tag), read in this call (read_room); then the clock (0: Redis TIME; a fixed
+-- reading in us only in tests), then the most holders a rule keeps.
 -- Reply: {now_us, per key {tokens per fill, fill seconds, 1 when the gateway is short of its
 -- fair share (others hold it: the replica marks the descriptor contested) else 0}}; {0, 0, ...}
 -- for no grant.
--- Appended to claims.lua (`holder`).
+-- Appended to common.lua, the sliding and fixed windows' files (a room's count, read as a check
+-- would) and claims.lua (`holder`).
 -- The clock: Redis TIME (0; production always), or a fixed reading in us for tests.
 local now = tonumber(ARGV[#ARGV - 1])
 if now == 0 then
@@ -28,6 +32,9 @@ if now == 0 then
 end
 local max_holders = tonumber(ARGV[#ARGV])
 local eps = 1e-9
+-- The rooms' counter keys follow the asks' arguments (8 each): counter i is
+-- ARGV[counters_at + i].
+local counters_at = #KEYS * 8
 
 -- algorithm::share::quantize: the largest rate of at most `rate` among one token every k s (up
 -- to a day) and n tokens every 1, 10 or 60 s; of equal rates the first found.
@@ -112,16 +119,36 @@ local function sliding_room(mine, claimants, op, window, left, charged, span)
   return math.max(most, 0)
 end
 
+-- A room's window read in this script call, from its counter key (`counter`: its place among
+-- the counter keys, 0 for none): its limit less its count, signed, and for a fixed window the
+-- part of a grant of `ttl` it holds, on this script's clock (sliding_window.lua and
+-- fixed_window.lua read it as a check would, nothing written). What RLS counted and what other
+-- reports charged since the room was read before the script call is in it: one step, as the
+-- memory store's grant. A key that cannot be read (another type) leaves the room as given.
+local function read_room(op, left, span, limit, sub, counter, ttl)
+  if counter == 0 then return left, span end
+  local key = ARGV[counters_at + counter]
+  local ok, count, ends_in = pcall(function()
+    if op == 1 then return sliding_open(key, now, sub, false).total, nil end
+    local s = fixed_open(key, now, sub)
+    return s.count, (s.window + 1) * sub - now
+  end)
+  if not ok then return left, span end
+  if ends_in ~= nil then span = math.min(ttl, ends_in, sub) end
+  return limit - count, span
+end
+
 -- algorithm::share::most: the most `mine` (its record, or nil) may be granted per second
 -- within `rooms`, over the part of the grant each window holds: a fixed window's left (its
 -- limit less its count, signed) less what `claimants` (every other holder kept) claim there; a
 -- sliding window's sliding_room.
-local function most(mine, claimants, rooms)
+local function most(mine, claimants, rooms, ttl)
   local best = math.huge
-  for op, window, left, charged, span in
-      string.gmatch(rooms, '(%d+):(%d+):(%-?%d+):(%d+):(%d+)') do
+  for op, window, left, charged, span, limit, sub, counter in
+      string.gmatch(rooms, '(%d+):(%d+):(%-?%d+):(%d+):(%d+):(%d+):(%d+):(%d+)') do
     op, window, left, charged, span = tonumber(op), tonumber(window), tonumber(left),
       tonumber(charged), tonumber(span)
+    left, span = read_room(op, left, span, tonumber(limit), tonumber(sub), tonumber(counter), ttl)
     local seconds = math.max(span, 1) / 1e6
     if op == 1 then
       best = math.min(best, sliding_room(mine, claimants, op, window, left, charged, span))
@@ -230,7 +257,7 @@ for k, key in ipairs(KEYS) do
     end
     local fair = fair_share(capacity, demands, me)
     local part = math.min(fair, capacity - others)
-    per_fill, every = quantize(math.min(part, most(mine, claimants, rooms)))
+    per_fill, every = quantize(math.min(part, most(mine, claimants, rooms, ttl)))
     -- Short: the others hold what its fair share needs (algorithm::share::is_short).
     if fair > capacity - others + eps then short = 1 end
     local rate = 0

@@ -74,6 +74,7 @@ impl Keeper {
                 window_us: 0,
                 shortest_us: 0,
                 rooms: Vec::new(),
+                counters: Vec::new(),
             })
             .collect();
         if asks.is_empty() {

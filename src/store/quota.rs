@@ -63,6 +63,11 @@ pub struct Ask {
     pub shortest_us: u64,
     /// What the rule's windows have left (`share::Room`; none: no bound).
     pub rooms: Vec<share::Room>,
+    /// Per room, the counter key its `left` was read from (empty, or none: the room stands as
+    /// given). A store that can read the counter in the grant's own step (Redis: the quota
+    /// script) reads it again there, so that what was counted or charged since the room was
+    /// read is not granted again.
+    pub counters: Vec<String>,
 }
 
 /// What an ask does to the gateway's holder on its descriptor.

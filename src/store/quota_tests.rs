@@ -13,6 +13,7 @@ fn ask(key: &str, gateway: u64, demand: f64) -> Ask {
         window_us: 60_000_000,
         shortest_us: 60_000_000,
         rooms: Vec::new(),
+        counters: Vec::new(),
     }
 }
 

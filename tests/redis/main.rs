@@ -29,6 +29,7 @@ mod rlqs;
 mod rlqs_churn;
 mod rlqs_counting;
 mod rlqs_model;
+mod rlqs_one_step;
 mod scaling;
 mod scripts;
 mod secrets;

@@ -79,6 +79,8 @@ async fn grants_match_the_model(
                     rooms: (0..rng.random_range(0..3))
                         .map(|_| draw_room(&mut rng, capacities[rule]))
                         .collect(),
+                    // Rooms as given (no counter read in the script): the model's.
+                    counters: Vec::new(),
                 }
             })
             .collect();

@@ -117,6 +117,7 @@ impl Inner {
         for (h, c) in holds.iter_mut().zip(charged) {
             h.ask.charged = c.charged;
             h.ask.rooms = c.rooms;
+            h.ask.counters = c.counters;
         }
         let grants = self.grant_unless_refused(&holds, gateway).await;
         let ends_us = now_us.saturating_add(ttl_us);

@@ -196,6 +196,8 @@ pub(super) fn after_grant(
 pub(super) struct Charged {
     pub charged: bool,
     pub rooms: Vec<Room>,
+    /// Per room, its counter's key (`store::quota::Ask::counters`).
+    pub counters: Vec<String>,
 }
 
 impl Inner {
@@ -246,6 +248,7 @@ impl Inner {
             .map(|h| Charged {
                 charged: granted.contains_key(&h.ask.key),
                 rooms: Vec::new(),
+                counters: Vec::new(),
             })
             .collect();
         // The charges first, then the looks (which must see them).
@@ -269,9 +272,10 @@ impl Inner {
                 continue;
             }
             let left = left_of(layer, decision);
-            out[*h]
-                .rooms
-                .extend(room(layer, left, *charged, decision, ttl_us));
+            if let Some(r) = room(layer, left, *charged, decision, ttl_us) {
+                out[*h].rooms.push(r);
+                out[*h].counters.push(layer.key.clone());
+            }
         }
         out
     }

@@ -138,6 +138,7 @@ mod tests {
             window_us: 1_000_000,
             shortest_us: 1_000_000,
             rooms: Vec::new(),
+            counters: Vec::new(),
         }
     }
 

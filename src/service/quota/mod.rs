@@ -299,6 +299,7 @@ impl Inner {
                 window_us: 0,
                 shortest_us: 0,
                 rooms: Vec::new(),
+                counters: Vec::new(),
             })
             .collect();
         let deadline = Instant::now() + self.config.store_timeout;

@@ -170,6 +170,7 @@ pub(super) fn plan(
         shortest_us: layers.iter().map(|c| c.limit.window_us).min().unwrap_or(0),
         // Read per report, after its charges (`charge.rs`).
         rooms: Vec::new(),
+        counters: Vec::new(),
     };
     BucketPlan {
         rule: name,

@@ -22,6 +22,10 @@ use crate::store::quota::{
 use crate::store::{StoreError, in_call_order};
 
 const QUOTA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/sliding_packed.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
     include_str!("../../../lua/claims.lua"),
     include_str!("../../../lua/quota.lua")
 );
@@ -97,6 +101,7 @@ impl RedisStore {
         for ask in asks {
             cmd.arg(self.quota_key(&ask.key));
         }
+        let mut counters: Vec<String> = Vec::new();
         for ask in asks {
             // RLS demand is a field of its own kind (`r…`): the script counts every replica's
             // together as one holder.
@@ -112,7 +117,17 @@ impl RedisStore {
                 .arg(ask.kind.code())
                 .arg(u8::from(ask.charged))
                 .arg(ask.window_us)
-                .arg(rooms_arg(&ask.rooms));
+                .arg(rooms_arg(
+                    &ask.rooms,
+                    &ask.counters,
+                    &self.prefix,
+                    &mut counters,
+                ));
+        }
+        // The rooms' counters (in the asks' slots: each shares its descriptor's hash tag), then
+        // the clock and the bound.
+        for counter in &counters {
+            cmd.arg(counter);
         }
         cmd.arg(clock.arg()).arg(MAX_HOLDERS);
         let reply = self.query(cmd, deadline).await?;
@@ -137,21 +152,39 @@ impl RedisStore {
 }
 
 /// An ask's rooms as `lua/quota.lua` reads them: per window "operation:window us:left:
-/// charged:span us" (1 sliding, 3 fixed; `left` signed), joined by ';'.
-fn rooms_arg(rooms: &[crate::algorithm::share::Room]) -> String {
+/// charged:span us:limit:sub-window us:counter" (1 sliding, 3 fixed; `left` signed; the
+/// sliding window's sub-window, the fixed window's own length; `counter`, where the room's
+/// counter key is among `counters`, from 1, or 0 for none: the room stands as given), joined
+/// by ';'. The counter keys (`counters[i]`, with the store's prefix) are pushed to `counters`.
+fn rooms_arg(
+    rooms: &[crate::algorithm::share::Room],
+    keys: &[String],
+    prefix: &str,
+    counters: &mut Vec<String>,
+) -> String {
     let mut out = String::new();
-    for r in rooms {
-        let op = match r.limit.algorithm {
-            crate::algorithm::Algorithm::SlidingWindow => 1,
-            crate::algorithm::Algorithm::FixedWindow => 3,
+    for (i, r) in rooms.iter().enumerate() {
+        let w = r.limit.window_us;
+        let (op, sub_us) = match r.limit.algorithm {
+            crate::algorithm::Algorithm::SlidingWindow => {
+                (1, crate::algorithm::sliding_window::sub_window_us(w))
+            }
+            crate::algorithm::Algorithm::FixedWindow => (3, w),
             _ => continue,
+        };
+        let counter = match keys.get(i).filter(|k| !k.is_empty() && w > 0) {
+            Some(key) => {
+                counters.push(format!("{prefix}{key}"));
+                counters.len()
+            }
+            None => 0,
         };
         if !out.is_empty() {
             out.push(';');
         }
         out.push_str(&format!(
-            "{op}:{}:{}:{}:{}",
-            r.limit.window_us, r.left, r.charged, r.span_us
+            "{op}:{w}:{}:{}:{}:{}:{sub_us}:{counter}",
+            r.left, r.charged, r.span_us, r.limit.requests
         ));
     }
     out
