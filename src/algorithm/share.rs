@@ -7,6 +7,8 @@
 //! it at theirs. Pure: the memory store and the Redis script both run this transition. It must
 //! never grant what another gateway still holds.
 
+#[path = "share_look.rs"]
+pub mod look;
 #[path = "share_room.rs"]
 mod room;
 pub use room::Room;

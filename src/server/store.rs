@@ -53,6 +53,7 @@ pub(super) fn limiter(
                 quota: quota.clone(),
                 tally: tally.clone(),
             });
+            quota.read_windows_from(&store);
         }
         store.spawn_sweeper(Duration::from_secs(10));
         let held = Arc::downgrade(&store);

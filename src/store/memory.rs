@@ -49,8 +49,8 @@ pub struct MemoryStore {
     leases: AtomicUsize,
     /// Temporary scaling factors: field -> (factor, expiry in ms of this store's clock).
     factors: Mutex<HashMap<String, (f64, u64)>>,
-    /// The RLQS grants its RLS checks count (this replica's own): read just before the
-    /// counters, in this process (a grant made between the two counts from the next check).
+    /// The RLQS grants its RLS checks count (this replica's own): read with the counters'
+    /// shards held, as a grant reads its rooms (`memory_look.rs`).
     claims: std::sync::OnceLock<MemoryClaims>,
 }
 
@@ -107,28 +107,33 @@ impl MemoryStore {
     /// touches, locked in index order (so two calls never wait on each other in a circle), while
     /// it looks and then charges: no other call sees a half-charged call.
     pub fn check_all_at(&self, checks: &[Check], now_us: u64, mode: ChargeMode) -> Answers {
-        self.check_all_claimed(checks, &[], now_us, mode)
+        self.check_all_claimed(checks, None, now_us, mode)
     }
 
-    /// `check_all_at` with what RLQS grants claim of each check's counter (`claimed[i]`; none past
-    /// its end).
+    /// `check_all_at` counting what RLQS grants claim of each check's counter (`claims`; none
+    /// past its end), read while the counter's shard is held: a grant reads its rooms with the
+    /// same shards held (`memory_look.rs`), so none lands between a check's claims and its count.
     fn check_all_claimed(
         &self,
         checks: &[Check],
-        claimed: &[Claimed],
+        claims: Option<&MemoryClaims>,
         now_us: u64,
         mode: ChargeMode,
     ) -> Answers {
-        let claimed_of = |i: usize| claimed.get(i).copied().unwrap_or_default();
+        let claimed_in = |checks: &[Check]| {
+            claims
+                .and_then(|c| c.claimed_by_checks(checks, now_us))
+                .unwrap_or_default()
+        };
         match mode {
             // Each check alone: charged (`EachAlone`) or only looked at (`Probe`).
             ChargeMode::EachAlone | ChargeMode::Probe => checks
                 .iter()
-                .enumerate()
-                .map(|(i, c)| {
+                .map(|c| {
                     let mut shard = self.lock(self.shard_index(&c.key));
                     let commit = mode == ChargeMode::EachAlone;
-                    self.run_in(&mut shard, c, now_us, commit, claimed_of(i))
+                    let claimed = claimed_in(std::slice::from_ref(c)).first().copied();
+                    self.run_in(&mut shard, c, now_us, commit, claimed.unwrap_or_default())
                 })
                 .collect(),
             ChargeMode::AllOrNothing => {
@@ -137,6 +142,8 @@ impl MemoryStore {
                 indices.sort_unstable();
                 indices.dedup();
                 let mut guards: Vec<_> = indices.iter().map(|&i| self.lock(i)).collect();
+                let claimed = claimed_in(checks);
+                let claimed_of = |i: usize| claimed.get(i).copied().unwrap_or_default();
                 let position = |check: &Check| {
                     indices
                         .binary_search(&self.shard_index(&check.key))
@@ -347,14 +354,12 @@ impl Store for Arc<MemoryStore> {
         mode: ChargeMode,
     ) -> StoreFuture<'a> {
         let now_us = self.clock.now_us();
-        let claimed = self
-            .claims
-            .get()
-            .and_then(|c| c.claimed_by_checks(checks, now_us))
-            .unwrap_or_default();
-        Box::pin(std::future::ready(
-            self.check_all_claimed(checks, &claimed, now_us, mode),
-        ))
+        Box::pin(std::future::ready(self.check_all_claimed(
+            checks,
+            self.claims.get(),
+            now_us,
+            mode,
+        )))
     }
 
     fn name(&self) -> &'static str {
@@ -398,6 +403,8 @@ impl Store for Arc<MemoryStore> {
 /// The most temporary scaling factors kept at once (set by an operator, but still bounded).
 pub const MAX_FACTORS: usize = 1000;
 
+#[path = "memory_look.rs"]
+mod look;
 #[path = "memory_room.rs"]
 mod room;
 use room::leases_of;

@@ -227,6 +227,9 @@ pub struct MemoryQuota {
     /// The table's size, read without the lock: RLS checks skip the lock while it is 0.
     keys: AtomicUsize,
     max_keys: usize,
+    /// The counters its grants' rooms are read again from, in the grant's own step (the
+    /// replica's memory store, when RLS counts there).
+    windows: std::sync::OnceLock<std::sync::Weak<super::MemoryStore>>,
 }
 
 impl MemoryQuota {
@@ -241,7 +244,39 @@ impl MemoryQuota {
             contested: Mutex::new(HashMap::new()),
             keys: AtomicUsize::new(0),
             max_keys,
+            windows: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Its grants read their rooms' counters in `store` again, with them held, as they are made
+    /// (set once; a store that has gone leaves the rooms as given).
+    pub fn read_windows_from(&self, store: &Arc<super::MemoryStore>) {
+        let _ = self.windows.set(Arc::downgrade(store));
+    }
+
+    /// Every ask granted at `now` on the table, each room read again by `read` when given.
+    fn grant_all(
+        &self,
+        asks: &[Ask],
+        now: u64,
+        read: Option<&dyn Fn(&Check) -> crate::algorithm::Decision>,
+    ) -> Grants {
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let grants = asks
+            .iter()
+            .map(|ask| match read {
+                Some(read) if !ask.counters.is_empty() => {
+                    let ask = Ask {
+                        rooms: share::look::reread(&ask.rooms, &ask.counters, ask.ttl_us, read),
+                        ..ask.clone()
+                    };
+                    self.grant_one(&mut table, &ask, now)
+                }
+                _ => self.grant_one(&mut table, ask, now),
+            })
+            .collect();
+        self.keys.store(table.len(), Ordering::Relaxed);
+        grants
     }
 
     /// The holders `key`'s table keeps now (live grants, ended ones still claiming, RLS
@@ -311,12 +346,20 @@ impl MemoryQuota {
 impl QuotaStore for MemoryQuota {
     fn grant<'a>(&'a self, asks: &'a [Ask], _deadline: Instant) -> GrantFuture<'a> {
         let now = self.clock.now_us();
-        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        let grants = asks
+        let keys: Vec<&str> = asks
             .iter()
-            .map(|ask| self.grant_one(&mut table, ask, now))
+            .flat_map(|a| a.counters.iter())
+            .filter(|k| !k.is_empty())
+            .map(String::as_str)
             .collect();
-        self.keys.store(table.len(), Ordering::Relaxed);
+        let windows = self.windows.get().and_then(std::sync::Weak::upgrade);
+        // One step: the counters' shards held, then the table (the order every check takes).
+        let grants = match windows {
+            Some(store) if !keys.is_empty() => {
+                store.holding(&keys, now, |read| self.grant_all(asks, now, Some(read)))
+            }
+            _ => self.grant_all(asks, now, None),
+        };
         Box::pin(std::future::ready(grants))
     }
 

@@ -119,3 +119,55 @@ async fn a_grant_claims_its_span_in_each_window_until_charged_and_after_its_end(
     quota.grant(&[ask("{edge|tenant=c}", 1, 1.0)], far).await;
     assert_eq!(quota.claimed(second, &minute_limit, 164_000_000), Some(0));
 }
+
+/// One step (issue 43 item 4): a report's look found 10 of a minute's 10 left, RLS then counted
+/// 9 there; the grant reads the window again with its counter held and fits in the 1 left
+/// (before: granted as if 10 were, 0.9/s, the window handed out twice). As Redis' quota script
+/// does (tests/redis/rlqs_one_step.rs).
+#[tokio::test]
+async fn a_grant_reads_its_windows_again_in_its_own_step() {
+    use crate::algorithm::{Algorithm, Check, Limit, share::Room};
+    // 5 s into a minute: a fixed minute holds the grant's whole 11 s.
+    let now = 1_000 * 60_000_000 + 5_000_000;
+    let clock = Arc::new(ManualClock::new(now));
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let quota = Arc::new(MemoryQuota::new(clock.clone()));
+        let store = super::super::MemoryStore::new(clock.clone());
+        store.count_claims(MemoryClaims {
+            quota: quota.clone(),
+            tally: Arc::new(RlsTally::default()),
+        });
+        quota.read_windows_from(&store);
+        let limit = Limit {
+            algorithm,
+            requests: 10,
+            window_us: 60_000_000,
+            burst: 10,
+        };
+        let counter = "{step}:c".to_owned();
+        let rls = Check {
+            key: counter.clone(),
+            limit,
+            hits: 9,
+            refund: false,
+            post_paid: false,
+        };
+        assert!(store.check_at(&rls, now).unwrap().allowed);
+        let mut report = ask("{step}", 7, 100.0);
+        report.ttl_us = 11_000_000;
+        report.rooms = vec![Room {
+            limit,
+            left: 10,
+            charged: 0,
+            span_us: 11_000_000,
+        }];
+        report.counters = vec![counter];
+        let far = Instant::now() + std::time::Duration::from_secs(1);
+        let granted = quota.grant(&[report], far).await.remove(0).unwrap();
+        assert_eq!(
+            granted.map(|t| t.per_second()),
+            share::quantize(1.0 / 11.0).map(|t| t.per_second()),
+            "{algorithm:?}"
+        );
+    }
+}

@@ -10,8 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::Inner;
 use super::hold::{Hold, Member};
-use super::room::{left_of, look, room};
 use crate::algorithm::claims::{self, Claim};
+use crate::algorithm::share::look::{left_of, look, room};
 use crate::algorithm::share::{Room, Tokens};
 use crate::algorithm::{Algorithm, ChargeMode, Check};
 

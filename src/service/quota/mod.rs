@@ -17,7 +17,6 @@ mod identity;
 mod push;
 mod registry;
 mod report;
-mod room;
 
 pub use identity::IDENTITY_HEADER;
 pub use registry::{Assigned, Registry};
