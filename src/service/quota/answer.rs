@@ -87,8 +87,8 @@ impl Inner {
                 if state.asks.len() >= 2 * self.config.max_buckets_per_stream {
                     continue;
                 }
-                // A connection (or address) that churned streams on it is refused it (`churn`); the hold
-                // taken there is released with the stream's asks, or here when refused.
+                // A connection (or address) that churned streams on it is refused it (`churn`);
+                // the hold taken there is released with the stream's asks, or here when refused.
                 let now = Instant::now();
                 if !self.churn.hold(state.peer, &h.ask.key, now) {
                     h.refused = true;
