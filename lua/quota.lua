@@ -11,7 +11,8 @@
 -- its claim_rate already holds the reservation).
 -- ARGV: per key capacity, gateway, demand, ttl_us, kind (0 a report; 1 RLS calls' demand,
 -- recorded with no grant, as algorithm::share::record_demand; 2 its stream ended: its share
--- freed, its claim kept to its grant's end, as algorithm::share::stream_ended), charged (1: the gateway's admissions up to now are in
+-- freed, its claim kept to its grant's end, as algorithm::share::stream_ended; 3 its ended claim
+-- is in the counters: its record goes, as algorithm::share::forget), charged (1: the gateway's admissions up to now are in
 -- the rule's counters, its claim starts again), the rule's longest window (us), what its
 -- windows have left (algorithm::share::Room: per window
 -- "operation:window:left:charged:span:limit:sub-window:counter", left signed, joined by ';';
@@ -223,7 +224,13 @@ for k, key in ipairs(KEYS) do
     end
   end
   local per_fill, every, short = 0, 0, 0
-  if kind == '2' then
+  if kind == '3' then
+    -- algorithm::share::forget: an ended holder whose last grant has ended goes (its claim is in
+    -- the rule's counters now).
+    if mine ~= nil and mine.granted == 0 and mine.demand == 0 and mine.expires <= now then
+      redis.call('HDEL', key, gateway, 'v' .. gateway)
+    end
+  elseif kind == '2' then
     -- algorithm::share::stream_ended: its share free now (no demand, no grant), its claim kept
     -- until its last assignment ends (Envoy admits on it until then) and a window after.
     if mine ~= nil then

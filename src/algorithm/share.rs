@@ -360,6 +360,16 @@ pub fn stream_ended(holders: &mut Vec<Holder>, gateway: u64, now_us: u64) {
     });
 }
 
+/// `gateway`'s record goes when its stream has ended (nothing granted, nothing asked) and its
+/// last grant has ended by `now_us`: its claim was charged into the rule's counters (the
+/// service's fold), which count it from now on. A holder that reported again since (a named
+/// gateway's next stream) or whose grant still runs is kept.
+pub fn forget(holders: &mut Vec<Holder>, gateway: u64, now_us: u64) {
+    holders.retain(|h| {
+        h.gateway != gateway || h.rls || h.granted > 0.0 || h.demand > 0.0 || h.expires_us > now_us
+    });
+}
+
 #[cfg(test)]
 #[path = "share_tests.rs"]
 mod tests;

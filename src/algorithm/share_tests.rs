@@ -390,3 +390,27 @@ fn a_claim_spent_at_once_leaves_nothing_of_its_own() {
     // It admitted that one at once; 6 s later, the minute is spent: nothing.
     assert_eq!(on_a_sliding_minute(&mut holders, 12, 0, 1, 106 * S), 0.0);
 }
+
+/// An ended holder's record goes once its last grant has ended (its claim charged into the
+/// counters by the service's fold); a holder that reported again, one whose grant still runs,
+/// and RLS demand stay.
+#[test]
+fn forget_drops_only_an_ended_holder_whose_grant_has_ended() {
+    const S: u64 = 1_000_000;
+    let mut holders = Vec::new();
+    record_demand(&mut holders, 9, 5.0, 10 * S, 3 * S);
+    for gateway in [1, 2, 3] {
+        report(&mut holders, 10.0, gateway, 5.0, 10 * S, 3 * S);
+    }
+    stream_ended(&mut holders, 1, 11 * S);
+    stream_ended(&mut holders, 2, 11 * S);
+    // Gateway 2's grant runs to 13 s: kept at 12 s; gateway 3 still streams.
+    forget(&mut holders, 2, 12 * S);
+    forget(&mut holders, 3, 14 * S);
+    forget(&mut holders, 9, 14 * S);
+    forget(&mut holders, 1, 14 * S);
+    let left: Vec<(u64, bool)> = holders.iter().map(|h| (h.gateway, h.rls)).collect();
+    assert_eq!(left, vec![(9, true), (2, false), (3, false)]);
+    forget(&mut holders, 2, 13 * S);
+    assert!(holders.iter().all(|h| h.gateway != 2));
+}

@@ -81,6 +81,9 @@ pub enum AskKind {
     /// Its stream ended: its share freed, its claim kept until its grant ends and a window after
     /// (`algorithm::share::stream_ended`).
     StreamEnded,
+    /// Its stream ended, its last grant has ended, and its claim is in the rule's counters now:
+    /// its record goes (`algorithm::share::forget`; the service's `fold`).
+    Forget,
 }
 
 impl AskKind {
@@ -90,6 +93,7 @@ impl AskKind {
             Self::Grant => 0,
             Self::Demand => 1,
             Self::StreamEnded => 2,
+            Self::Forget => 3,
         }
     }
 }
@@ -306,9 +310,16 @@ impl MemoryQuota {
         ask: &Ask,
         now: u64,
     ) -> Result<Option<Tokens>, StoreError> {
-        if ask.kind == AskKind::StreamEnded {
+        if matches!(ask.kind, AskKind::StreamEnded | AskKind::Forget) {
             if let Some(holders) = table.get_mut(&ask.key) {
-                share::stream_ended(holders, ask.gateway, now);
+                // Holders past their keep go, as every script call on the table drops them
+                // (its own record is the script's `mine`, kept for what follows).
+                holders.retain(|h| h.keep_until_us > now || (h.gateway == ask.gateway && !h.rls));
+                if ask.kind == AskKind::Forget {
+                    share::forget(holders, ask.gateway, now);
+                } else {
+                    share::stream_ended(holders, ask.gateway, now);
+                }
                 if holders.is_empty() {
                     table.remove(&ask.key);
                 }

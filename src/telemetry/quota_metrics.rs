@@ -42,6 +42,10 @@ pub struct QuotaMetrics {
     /// Holds refused to a connection that left `MOST_ENDED_PER_CONNECTION` ended streams'
     /// claims standing on the descriptor (streams churned).
     pub churned_holds_refused: Counter,
+    /// Ended streams' claims folded into the rule's counters, by result (`folded`; `failed`: the
+    /// store could not charge or forget, the record stands to its keep; `skipped`: too many
+    /// pending on this replica, likewise).
+    pub folds: Family<KindLabels, Counter>,
     /// Writes or reads of the contested descriptors that failed (pushes wait for the reports).
     pub push_errors: Counter,
     /// Failed pushes of RLS demand to the quota store (the gateways' shares leave RLS its
@@ -142,6 +146,13 @@ impl QuotaMetrics {
             "rlqs_churned_holds_refused",
             "RLQS holds refused (DENY_ALL until those claims end) to a connection whose ended streams left as many claims standing on the descriptor as one connection may: streams opened and closed in a loop",
             self.churned_holds_refused.clone(),
+        );
+        register(
+            registry,
+            names,
+            "rlqs_folds",
+            "RLQS ended streams whose claims were charged into the rule's counters once their last assignment ended, their records gone (kind: folded; failed or skipped: the record stands until its window ends)",
+            self.folds.clone(),
         );
         register(
             registry,

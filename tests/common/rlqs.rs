@@ -215,8 +215,8 @@ pub fn tokens_per_second(assigned: &str) -> f64 {
 
 /// A client churning streams: `streams` streams opened one after another to `server` (on one
 /// connection, or each on a new one: `each`), each reporting demand on `id` (domain `edge`) and
-/// closed once answered; every 50, and at the end, waits until the server has only `others`
-/// streams open again. Returns how many were granted tokens.
+/// closed once answered; every 50 (every one with `each`), and at the end, waits until the
+/// server has only `others` streams open again. Returns how many were granted tokens.
 pub async fn churn(
     server: &TestServer,
     id: &[(&str, &str)],
@@ -242,10 +242,32 @@ pub async fn churn(
             granted += 1;
         }
         drop(stream);
-        if i % 50 == 49 {
+        // A stream's end reaches the server a little after the client drops it: on one
+        // connection its live streams count at once, across connections only its ended ones do,
+        // so each end is awaited there (else a loaded machine lets one more through).
+        if each || i % 50 == 49 {
             await_streams(admin, others).await;
         }
     }
     await_streams(admin, others).await;
+    granted
+}
+
+/// Gateways that reconnect (a connection age, a drain): `streams` streams to `server` one after
+/// another, each from an address of its own (127.0.0.10 on: not one client churning), each
+/// reporting demand on `id` (domain `edge`) and closed once answered, the server's end of it
+/// awaited before the next. Returns how many were granted tokens.
+pub async fn reconnects(server: &TestServer, id: &[(&str, &str)], streams: u8) -> usize {
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let mut granted = 0;
+    for i in 0..streams {
+        let mut stream = Gateway::open_from(server, [127, 0, 0, 10 + i].into()).await;
+        let actions = stream.report("edge", &[(id, 30, 0)]).await.unwrap();
+        if assigned(&actions[0]).starts_with("tokens") {
+            granted += 1;
+        }
+        drop(stream);
+        await_streams(admin, 0).await;
+    }
     granted
 }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::common::redis::{RedisServer, cli, redis_settings};
-use crate::common::rlqs::{Gateway, assigned, churn, tokens_per_second};
+use crate::common::rlqs::{Gateway, assigned, churn, reconnects, tokens_per_second};
 use crate::common::{TestServer, request};
 
 const RULES: &str = "\
@@ -106,6 +106,90 @@ async fn churned(each: bool) {
         tokens_per_second(&assigned(&actions[0])) >= 0.5,
         "{}",
         assigned(&actions[0])
+    );
+    server.stop().await;
+}
+
+/// Gateways that reconnect (a connection age, a drain) leave their ended streams' records in
+/// the descriptor's holder table only until their last assignments end: their claims are then
+/// charged into the rule's counters and the records go (`service::quota::fold`). Before, each
+/// stood for the rule's window (an hour here): a long rule's 1,024 holder slots filled with
+/// ended streams, and every RLS check read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnecting_gateways_leave_only_live_streams_in_the_holder_table() {
+    let redis = RedisServer::start();
+    let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
+        redis_settings(s, &redis);
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        s.rlqs.rlqs_push_interval = Duration::ZERO;
+    })
+    .await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let id: &[(&str, &str)] = &[("churned", "r")];
+    let granted = reconnects(&server, id, 24).await;
+    assert!(granted >= 20, "{granted} of 24 granted a part");
+    let records = || {
+        cli(redis.port, &["KEYS", "*churned=r*:q"])
+            .lines()
+            .map(|t| {
+                cli(redis.port, &["HLEN", t])
+                    .trim()
+                    .parse::<usize>()
+                    .unwrap()
+            })
+            .sum::<usize>()
+    };
+    assert!(
+        records() >= granted,
+        "the ended streams' records stand at first"
+    );
+    // Their assignments last 3 s (twice the interval and one), the fold a second more.
+    let started = std::time::Instant::now();
+    while records() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{} holder records 15 s after the streams ended",
+            records()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, metrics) = crate::common::http(admin, "GET", "/metrics", "").await;
+    assert_eq!(
+        crate::common::sample(&metrics, "portcullis_rlqs_folds_total{kind=\"folded\"}"),
+        granted as f64,
+        "{metrics}"
+    );
+    // A gateway at another address: its part at its first report (before RLS takes the rest
+    // of the hour below).
+    let mut next = Gateway::open_from(&server, [127, 0, 0, 2].into()).await;
+    let actions = next.report("edge", &[(id, 30, 0)]).await.unwrap();
+    assert!(
+        assigned(&actions[0]).starts_with("tokens"),
+        "{}",
+        assigned(&actions[0])
+    );
+    // Their claims are in the hour's counter now: what RLS may still take is less by them.
+    let mut admitted = 0;
+    while server
+        .call(request("edge", &[id]))
+        .await
+        .expect("RLS answers")
+        .overall_code
+        == portcullis::pb::rate_limit_response::Code::Ok as i32
+    {
+        admitted += 1;
+        assert!(admitted <= 3_600, "past the hour's limit");
+    }
+    // Each folded claim is at least one request (a rate over its assignment, rounded up), the
+    // next gateway's claim another; at most 3 s at the whole rate each.
+    assert!(
+        admitted < 3_600 - granted,
+        "{admitted} admitted: the folded claims were not charged"
+    );
+    assert!(
+        admitted > 3_600 - 24 * 8,
+        "{admitted}: more than the claims were charged"
     );
     server.stop().await;
 }

@@ -48,10 +48,11 @@ async fn grants_match_the_model(
         let asks: Vec<Ask> = (0..rng.random_range(1..=3))
             .map(|_| {
                 let rule = rng.random_range(0..3);
-                // RLS demand, a stream's end, or a report.
+                // RLS demand, a stream's end, an ended claim folded, or a report.
                 let kind = match rng.random_range(0..20) {
                     0..3 => AskKind::Demand,
                     3..5 => AskKind::StreamEnded,
+                    5..7 => AskKind::Forget,
                     _ => AskKind::Grant,
                 };
                 let demand_only = kind == AskKind::Demand;

@@ -140,6 +140,15 @@ impl Inner {
                     ends_us,
                 );
                 state.granted.insert(h.ask.key.clone(), now);
+                let first = h.members.iter().find_map(|(m, _)| match m {
+                    Member::Reported(i) => Some(*i),
+                    Member::Quiet(_) => None,
+                });
+                if let Some(i) = first {
+                    state
+                        .layers
+                        .insert(h.ask.key.clone(), planned[i].layers.clone());
+                }
             }
             let demands: Vec<f64> = h.members.iter().map(|m| m.1).collect();
             let split = grant.map(|g| hold::split(g, &demands));

@@ -84,7 +84,7 @@ pub(super) fn charges(
 }
 
 /// `hits` charged into `layer` after the fact (none for none).
-fn post_paid(layer: &Check, hits: u64) -> Option<Check> {
+pub(super) fn post_paid(layer: &Check, hits: u64) -> Option<Check> {
     (hits > 0).then(|| Check {
         key: layer.key.clone(),
         limit: layer.limit,
@@ -114,7 +114,7 @@ fn unclaimed_charges(layers: &[Check], admitted: u64, life_us: u64) -> Vec<Check
 
 /// What `claim` may have admitted from `start_us` (its window's start) to `now_us`, in whole
 /// requests (rounded up, as `claims::claimed`).
-fn in_window_from(claim: &Claim, start_us: u64, now_us: u64) -> u64 {
+pub(super) fn in_window_from(claim: &Claim, start_us: u64, now_us: u64) -> u64 {
     if claim.rate.is_nan() || claim.rate <= 0.0 {
         return 0;
     }
@@ -328,7 +328,10 @@ impl Inner {
     /// `checks` charged each alone, in store calls of bounded size sent together (a report of
     /// 10,000 buckets is not one script call holding Redis for all of them), under
     /// `--rlqs-store-timeout`; `None` when the store could not answer.
-    async fn in_calls(&self, checks: &[Check]) -> Option<Vec<crate::algorithm::Decision>> {
+    pub(super) async fn in_calls(
+        &self,
+        checks: &[Check],
+    ) -> Option<Vec<crate::algorithm::Decision>> {
         if checks.is_empty() {
             return Some(Vec::new());
         }

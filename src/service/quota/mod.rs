@@ -12,6 +12,7 @@ mod assign;
 mod bounds;
 mod charge;
 mod churn;
+mod fold;
 mod hold;
 mod identity;
 mod push;
@@ -102,6 +103,8 @@ struct Inner {
     bucket_bytes: std::sync::atomic::AtomicUsize,
     /// Ended streams' standing claims per connection (`churn`).
     churn: churn::ChurnGuard,
+    /// Folds of ended streams' claims pending (`fold`), bounded.
+    folds: Arc<Semaphore>,
 }
 
 /// The tonic service.
@@ -145,6 +148,7 @@ impl QuotaService {
                 pushes,
                 bucket_bytes: std::sync::atomic::AtomicUsize::new(0),
                 churn: churn::ChurnGuard::default(),
+                folds: Arc::new(Semaphore::new(fold::MAX_PENDING)),
             }),
             stopped,
         }
@@ -207,6 +211,9 @@ impl RateLimitQuotaService for QuotaService {
             // that names itself keeps its holds: its next stream is the same holder.
             if identity.is_none() {
                 inner.stream_ended(gateway, &state).await;
+                // Once its assignments have ended, their claims go into the counters and
+                // their records go (`fold`).
+                inner.fold_later(gateway, fold::held(&state));
             }
             // Its holds on its connection (`churn`): an unnamed stream's claims stand on for
             // its assignment's life and a window; a named gateway's next stream takes them over.
@@ -244,6 +251,8 @@ struct StreamState {
     /// Per descriptor held, what it was granted since its admissions were last charged (the
     /// same keys as `asks`).
     granted: std::collections::HashMap<String, charge::Granted>,
+    /// Per descriptor granted, its rule's layers (what an ended stream's claim is folded into).
+    layers: std::collections::HashMap<String, Vec<crate::algorithm::Check>>,
     /// How long its assignments last.
     ttl: Duration,
     /// Bytes of its buckets' ids.
@@ -266,6 +275,7 @@ impl StreamState {
             buckets: Buckets::new(),
             asks: std::collections::HashMap::new(),
             granted: std::collections::HashMap::new(),
+            layers: std::collections::HashMap::new(),
             ttl: 2 * interval + Duration::from_secs(1),
             bucket_bytes: 0,
             last_report: None,

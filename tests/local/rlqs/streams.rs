@@ -243,3 +243,74 @@ descriptors:
     );
     server.stop().await;
 }
+
+/// Gateways that reconnect leave their ended streams' claims standing only until their last
+/// assignments end: then the claims are charged into the rule's counters and the holders go
+/// (`service::quota::fold`; before, each stood for the rule's window, an hour here, filling a
+/// long rule's holder slots). What RLS may still take is less by those claims.
+#[tokio::test]
+async fn reconnecting_gateways_claims_are_folded_into_the_counters() {
+    const RULE: &str = "\
+domain: edge
+descriptors:
+  - key: churned
+    rate_limit: {unit: hour, requests_per_unit: 3600}
+";
+    let server = TestServer::start_with(&[("edge.yaml", RULE)], |s| {
+        s.rlqs.rlqs = true;
+        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+        s.rlqs.rlqs_push_interval = Duration::ZERO;
+    })
+    .await;
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let id: &[(&str, &str)] = &[("churned", "r")];
+    let granted = crate::common::rlqs::reconnects(&server, id, 24).await;
+    assert!(granted >= 20, "{granted} of 24 granted a part");
+    // The store's clock (a test's, moved by hand) past their assignments' end (3 s), as the
+    // host's is by the time they are folded.
+    server.clock.advance_us(4_000_000);
+    let folded = || async {
+        let (_, metrics) = common::http(admin, "GET", "/metrics", "").await;
+        common::sample(&metrics, "portcullis_rlqs_folds_total{kind=\"folded\"}")
+    };
+    let started = std::time::Instant::now();
+    while folded().await < granted as f64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{} of {granted} ended streams folded 15 s after they ended",
+            folded().await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A gateway at another address: its part at its first report (before RLS takes the
+    // rest of the hour below).
+    let mut next = Gateway::open_from(&server, [127, 0, 0, 2].into()).await;
+    let actions = next.report("edge", &[(id, 30, 0)]).await.unwrap();
+    assert!(
+        assigned(&actions[0]).starts_with("tokens"),
+        "{}",
+        assigned(&actions[0])
+    );
+    let mut admitted = 0;
+    while server
+        .call(common::request("edge", &[id]))
+        .await
+        .expect("RLS answers")
+        .overall_code
+        == portcullis::pb::rate_limit_response::Code::Ok as i32
+    {
+        admitted += 1;
+        assert!(admitted <= 3_600, "past the hour's limit");
+    }
+    // Each folded claim is at least one request (a rate over its assignment, rounded up), the
+    // next gateway's claim another; at most 3 s at the whole rate each.
+    assert!(
+        admitted < 3_600 - granted,
+        "{admitted} admitted: the folded claims were not charged"
+    );
+    assert!(
+        admitted > 3_600 - 24 * 8,
+        "{admitted}: more than the claims were charged"
+    );
+    server.stop().await;
+}
