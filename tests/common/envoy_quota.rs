@@ -153,15 +153,36 @@ impl Beside {
     }
 
     pub fn start() -> Beside {
+        Self::start_with(&[], None)
+    }
+
+    /// `start`, the RLQS replica with `flags` too, and gateway `a` named `name` (docs/envoy.md's
+    /// `initial_metadata`) when given.
+    pub fn start_with(flags: &[&str], name: Option<&str>) -> Beside {
         let redis = super::redis::RedisServer::start();
         let rules = rules_dir();
         let url = redis.url();
         let store = ["--store", "redis", "--redis-url", url.as_str()];
-        let local =
-            ServeProcess::spawn(rules.path(), &[&["--rlqs"], &store[..]].concat(), &[], &[]);
+        let local = ServeProcess::spawn(
+            rules.path(),
+            &[&["--rlqs"], &store[..], flags].concat(),
+            &[],
+            &[],
+        );
         let per_call = ServeProcess::spawn(rules.path(), &store, &[], &[]);
         let mut a = Gateway::new("edge", &[local.grpc_port]);
         a.http_filters = rlqs_filter();
+        if let Some(name) = name {
+            let server = "rlqs_server: {envoy_grpc: {cluster_name: portcullis}}";
+            assert!(a.http_filters.contains(server), "{}", a.http_filters);
+            a.http_filters = a.http_filters.replace(
+                server,
+                &format!(
+                    "rlqs_server: {{envoy_grpc: {{cluster_name: portcullis}}, initial_metadata: \
+                     [{{key: x-portcullis-gateway-id, value: {name}}}]}}"
+                ),
+            );
+        }
         let mut b = Gateway::new("edge", &[per_call.grpc_port]);
         b.route_rate_limits =
             "- actions: [{request_headers: {header_name: x-tenant, descriptor_key: tenant}}]"
