@@ -111,3 +111,52 @@ async fn a_grant_reads_its_windows_in_its_own_step_on_standalone_and_cluster() {
         granted_beside_rls(&store, &|key| cluster.master_of(key), algorithm).await;
     }
 }
+
+/// Redis' calls of `verb` since the last `CONFIG RESETSTAT`.
+fn calls(port: u16, verb: &str) -> u64 {
+    cli(port, &["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{verb}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The quota script (43 KB: it carries the windows' files) goes by its SHA, not whole at every
+/// report; a node whose script cache was emptied (a restart, a promotion, SCRIPT FLUSH) is sent
+/// it again by EVAL, and the grant stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quota_script_is_sent_by_its_sha() {
+    let redis = RedisServer::start();
+    let store = connected_store(Topology::Standalone(redis.url()), "q:").await;
+    let ask = Ask {
+        key: "{sha|t=a}".into(),
+        capacity: 10.0,
+        gateway: 7,
+        demand: 5.0,
+        ttl_us: TTL,
+        kind: AskKind::Grant,
+        charged: true,
+        window_us: MINUTE,
+        shortest_us: MINUTE,
+        rooms: Vec::new(),
+        counters: Vec::new(),
+    };
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    let grant = || async {
+        use portcullis::store::quota::QuotaStore;
+        store
+            .grant(std::slice::from_ref(&ask), deadline())
+            .await
+            .remove(0)
+    };
+    assert!(grant().await.unwrap().is_some());
+    cli(redis.port, &["CONFIG", "RESETSTAT"]);
+    for _ in 0..5 {
+        assert!(grant().await.unwrap().is_some());
+    }
+    assert_eq!(calls(redis.port, "eval"), 0, "the script sent whole");
+    assert_eq!(calls(redis.port, "evalsha"), 5);
+    cli(redis.port, &["SCRIPT", "FLUSH"]);
+    assert!(grant().await.unwrap().is_some(), "granted after NOSCRIPT");
+    assert_eq!(calls(redis.port, "eval"), 1);
+}

@@ -30,6 +30,10 @@ const QUOTA: &str = concat!(
     include_str!("../../../lua/quota.lua")
 );
 
+/// SHA1 of `QUOTA`, the name EVALSHA knows it by.
+static QUOTA_SHA: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| redis::Script::new(QUOTA).get_hash().to_owned());
+
 /// The most asks one script call carries.
 const MAX_ASKS_PER_CALL: usize = 200;
 const CONTEST: &str = include_str!("../../../lua/quota_contest.lua");
@@ -96,11 +100,9 @@ impl RedisStore {
         clock: ScriptClock,
         deadline: Instant,
     ) -> Result<Vec<Granted>, StoreError> {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(QUOTA).arg(asks.len());
-        for ask in asks {
-            cmd.arg(self.quota_key(&ask.key));
-        }
+        // The number of keys, the keys, and the arguments, as Redis reads them (bytes).
+        let mut args: Vec<String> = vec![asks.len().to_string()];
+        args.extend(asks.iter().map(|ask| self.quota_key(&ask.key)));
         let mut counters: Vec<String> = Vec::new();
         for ask in asks {
             // RLS demand is a field of its own kind (`r…`): the script counts every replica's
@@ -110,27 +112,32 @@ impl RedisStore {
             } else {
                 ask.gateway.to_string()
             };
-            cmd.arg(ask.capacity.to_string())
-                .arg(holder)
-                .arg(ask.demand.to_string())
-                .arg(ask.ttl_us)
-                .arg(ask.kind.code())
-                .arg(u8::from(ask.charged))
-                .arg(ask.window_us)
-                .arg(rooms_arg(
-                    &ask.rooms,
-                    &ask.counters,
-                    &self.prefix,
-                    &mut counters,
-                ));
+            args.extend([
+                ask.capacity.to_string(),
+                holder,
+                ask.demand.to_string(),
+                ask.ttl_us.to_string(),
+                ask.kind.code().to_string(),
+                u8::from(ask.charged).to_string(),
+                ask.window_us.to_string(),
+                rooms_arg(&ask.rooms, &ask.counters, &self.prefix, &mut counters),
+            ]);
         }
         // The rooms' counters (in the asks' slots: each shares its descriptor's hash tag), then
         // the clock and the bound.
-        for counter in &counters {
-            cmd.arg(counter);
-        }
-        cmd.arg(clock.arg()).arg(MAX_HOLDERS);
-        let reply = self.query(cmd, deadline).await?;
+        args.extend(counters);
+        args.extend([clock.arg().to_string(), MAX_HOLDERS.to_string()]);
+        // By its SHA: 43 KB of script (it carries the windows' files) is not resent each call.
+        let reply = self
+            .query_script(
+                &QUOTA_SHA,
+                QUOTA,
+                |cmd| {
+                    cmd.arg(&args);
+                },
+                deadline,
+            )
+            .await?;
         let (now_us, grants): (i64, Vec<ScriptGrant>) = redis::from_redis_value(reply)
             .map_err(|e| StoreError::Protocol(format!("quota script: {e}")))?;
         if grants.len() != asks.len() {
