@@ -24,6 +24,24 @@ use crate::algorithm::{Check, Limit};
 use crate::clock::Clock;
 
 impl Ask {
+    /// An ask about `gateway`'s holder on `key` that asks nothing and reports nothing: its
+    /// stream's end, or its ended claim forgotten (`kind`).
+    pub fn ended(key: &str, gateway: u64, kind: AskKind) -> Ask {
+        Ask {
+            key: key.to_owned(),
+            capacity: 0.0,
+            gateway,
+            demand: 0.0,
+            ttl_us: 0,
+            kind,
+            charged: false,
+            window_us: 0,
+            shortest_us: 0,
+            rooms: Vec::new(),
+            counters: Vec::new(),
+        }
+    }
+
     /// The report `algorithm::share::report` decides.
     pub fn report(&self) -> share::Report {
         share::Report {

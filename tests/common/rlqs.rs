@@ -271,3 +271,20 @@ pub async fn reconnects(server: &TestServer, id: &[(&str, &str)], streams: u8) -
     }
     granted
 }
+
+/// RLS calls on `id` (domain `edge`) until one is refused: how many were admitted, never more
+/// than `limit`.
+pub async fn rls_takes_the_rest(server: &TestServer, id: &[(&str, &str)], limit: usize) -> usize {
+    let mut admitted = 0;
+    while server
+        .call(super::request("edge", &[id]))
+        .await
+        .expect("RLS answers")
+        .overall_code
+        == portcullis::pb::rate_limit_response::Code::Ok as i32
+    {
+        admitted += 1;
+        assert!(admitted <= limit, "past the limit of {limit}");
+    }
+    admitted
+}

@@ -123,19 +123,7 @@ impl Inner {
         }
         let asks: Vec<Ask> = held
             .iter()
-            .map(|h| Ask {
-                key: h.key.clone(),
-                capacity: 0.0,
-                gateway,
-                demand: 0.0,
-                ttl_us: 0,
-                kind: AskKind::Forget,
-                charged: false,
-                window_us: 0,
-                shortest_us: 0,
-                rooms: Vec::new(),
-                counters: Vec::new(),
-            })
+            .map(|h| Ask::ended(&h.key, gateway, AskKind::Forget))
             .collect();
         let deadline = Instant::now() + self.config.store_timeout;
         match tokio::time::timeout_at(deadline, self.quota.grant(&asks, deadline)).await {

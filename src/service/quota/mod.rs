@@ -297,19 +297,7 @@ impl Inner {
         let asks: Vec<Ask> = state
             .asks
             .keys()
-            .map(|key| Ask {
-                key: key.clone(),
-                capacity: 0.0,
-                gateway,
-                demand: 0.0,
-                ttl_us: 0,
-                kind: AskKind::StreamEnded,
-                charged: false,
-                window_us: 0,
-                shortest_us: 0,
-                rooms: Vec::new(),
-                counters: Vec::new(),
-            })
+            .map(|key| Ask::ended(key, gateway, AskKind::StreamEnded))
             .collect();
         let deadline = Instant::now() + self.config.store_timeout;
         if let Some(fallback) = &self.fallback {

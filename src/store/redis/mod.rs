@@ -9,7 +9,8 @@
 //! re-sending it would charge twice. This file holds the store and its path for one call; the
 //! seams: `script` (the script's arguments and reply), `send` (EVALSHA/EVAL, routing), `errors`,
 //! `clock` (deadlines on a node's clock, kept by each dispatcher), `factors` (scaling factors in
-//! Redis), `connection`. A call of refunds and post-paid charges only is consumption that has
+//! Redis), `query` (commands and scripts outside the decision path), `connection`. A call of
+//! refunds and post-paid charges only is consumption that has
 //! happened: it is delivered late rather than dropped (`batch::Delivery`), a refund into a window
 //! only while it can give back its own hits (`late`).
 
@@ -25,6 +26,7 @@ mod errors;
 mod factors;
 mod late;
 mod probe;
+mod query;
 mod quota;
 mod reply;
 pub mod script;
@@ -33,7 +35,6 @@ mod send;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Value;
 use tokio::time::Instant;
 
 pub use clock::RedisClock;
@@ -294,61 +295,6 @@ impl RedisStore {
             script::count_claims(&mut args, checks);
         }
         (keys, args)
-    }
-
-    /// One command within `deadline`, on whichever backend: the small scripts (scaling factors,
-    /// the contested feed, RLQS in use) and RLQS grants (`query_script`), calls outside the
-    /// decision path.
-    pub(super) async fn query(
-        &self,
-        cmd: redis::Cmd,
-        deadline: Instant,
-    ) -> Result<Value, StoreError> {
-        self.query_raw(cmd, deadline)
-            .await?
-            .map_err(|e| errors::classify(&e))
-    }
-
-    /// A script by EVALSHA (`sha`), sent again by EVAL with its `body` where a node answers
-    /// NOSCRIPT (a restarted or promoted node's cache is empty): the large scripts not resent
-    /// whole at every call. `args` adds the number of keys, the keys and the arguments.
-    pub(super) async fn query_script(
-        &self,
-        sha: &str,
-        body: &str,
-        args: impl Fn(&mut redis::Cmd),
-        deadline: Instant,
-    ) -> Result<Value, StoreError> {
-        let build = |verb: &str, script: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(script);
-            args(&mut cmd);
-            cmd
-        };
-        match self.query_raw(build("EVALSHA", sha), deadline).await? {
-            Err(e) if errors::is_noscript(&e) => self.query(build("EVAL", body), deadline).await,
-            called => called.map_err(|e| errors::classify(&e)),
-        }
-    }
-
-    /// One command within `deadline`: Redis' own answer, or a timeout.
-    async fn query_raw(
-        &self,
-        cmd: redis::Cmd,
-        deadline: Instant,
-    ) -> Result<Result<Value, redis::RedisError>, StoreError> {
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let called = match &self.backend {
-            Backend::Pool(set) => {
-                let mut conn = set.get_or_wait(deadline).await?.conn.clone();
-                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
-            }
-            Backend::Cluster(cluster) => {
-                let mut conn = cluster.clone();
-                tokio::time::timeout_at(deadline, cmd.query_async::<Value>(&mut conn)).await
-            }
-        };
-        called.map_err(|_| StoreError::Timeout(budget))
     }
 
     /// Waits up to `timeout` for Redis to be usable and says what it is (version), or why not;

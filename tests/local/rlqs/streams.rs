@@ -291,17 +291,7 @@ descriptors:
         "{}",
         assigned(&actions[0])
     );
-    let mut admitted = 0;
-    while server
-        .call(common::request("edge", &[id]))
-        .await
-        .expect("RLS answers")
-        .overall_code
-        == portcullis::pb::rate_limit_response::Code::Ok as i32
-    {
-        admitted += 1;
-        assert!(admitted <= 3_600, "past the hour's limit");
-    }
+    let admitted = crate::common::rlqs::rls_takes_the_rest(&server, id, 3_600).await;
     // Each folded claim is at least one request (a rate over its assignment, rounded up), the
     // next gateway's claim another; at most 3 s at the whole rate each.
     assert!(
