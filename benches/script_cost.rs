@@ -17,6 +17,10 @@
 //!   ... -- --lua DIR2 --against DIR                      DIR2's script (not the build's) beside
 //!   ... -- --cold-only                                   the cold rows only
 //!   ... -- --blocks N                                    N alternating blocks a row (4)
+//!   ... -- --eval                                        this side by EVALSHA, not FCALL
+//!
+//! A script whose `check.lua` defines `check` (as this build's does) is loaded as a function
+//! library and called by FCALL, as Portcullis calls it; an older one by EVALSHA.
 //!   cargo test --benches                                 a short smoke run (200)
 
 #[path = "../tests/common/redis.rs"]
@@ -25,23 +29,28 @@ mod harness;
 use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::store::redis::{ScriptClock, script};
 
+/// (calls, usec) of EVALSHA and FCALL together.
 fn evalsha_stats(port: u16) -> (f64, f64) {
-    let line = harness::cli(port, &["INFO", "commandstats"])
+    let text = harness::cli(port, &["INFO", "commandstats"]);
+    let mut sums = (0.0, 0.0);
+    for line in text
         .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .map(str::to_owned)
-        .unwrap_or_default();
-    let field = |name: &str| {
-        line.split([':', ','])
-            .find_map(|f| f.strip_prefix(name))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (field("calls="), field("usec="))
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_fcall:"))
+    {
+        let field = |name: &str| {
+            line.split([':', ','])
+                .find_map(|f| f.strip_prefix(name))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        sums.0 += field("calls=");
+        sums.1 += field("usec=");
+    }
+    sums
 }
 
-/// One EVALSHA of the decision script `sha` deciding `checks`, each a call of its own (as a batch
-/// sends them).
+/// One call of the decision script deciding `checks`, each a call of its own (as a batch sends
+/// them): `sha` is the script's SHA for EVALSHA, or `fn:` and a function's name for FCALL.
 fn script_call(sha: &str, checks: &[Check]) -> redis::Cmd {
     let mut keys = Vec::new();
     let mut args = vec![checks.len() as i64, 0];
@@ -51,9 +60,19 @@ fn script_call(sha: &str, checks: &[Check]) -> redis::Cmd {
         script::push_call(&[check], ScriptClock::RedisTime, 0, mode, &mut args);
     }
     let packed = script::pack(&keys, &args, false).expect("arguments match the keys");
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha)
-        .arg(packed.keys.len())
+    let mut cmd = match sha.strip_prefix("fn:") {
+        Some(function) => {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(function);
+            cmd
+        }
+        None => {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(sha);
+            cmd
+        }
+    };
+    cmd.arg(packed.keys.len())
         .arg(&packed.keys)
         .arg(&packed.numbers);
     cmd
@@ -159,7 +178,8 @@ async fn cold_row(
     redis_us_per_script_call(conn, port, rounds, command).await / calls as f64
 }
 
-/// The decision script as `dir` (a `lua/` directory) holds it, joined as `script::SOURCE` is.
+/// The decision script's definitions as `dir` (a `lua/` directory) holds them, joined as
+/// `script::SOURCE` joins them (an older `check.lua` runs one script call itself).
 fn source_of(dir: &str) -> String {
     const PARTS: [&str; 8] = [
         "common",
@@ -178,6 +198,28 @@ fn source_of(dir: &str) -> String {
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
         })
         .collect()
+}
+
+/// Loads a decision script into Redis at `port`: as a function library when it defines `check`
+/// (unless `eval`), else as a script. What `script_call` takes: `fn:NAME` or the SHA.
+fn load(port: u16, source: &str, eval: bool) -> String {
+    let sha = redis::Script::new(source).get_hash().to_owned();
+    if !source.contains("local function check(KEYS, ARGV)") {
+        let loaded = harness::cli(port, &["SCRIPT", "LOAD", source]);
+        assert!(loaded == sha, "the script loads: {loaded}");
+        return sha;
+    }
+    if eval {
+        let with_call = format!("{source}return check(KEYS, ARGV)\n");
+        let loaded = harness::cli(port, &["SCRIPT", "LOAD", &with_call]);
+        assert!(loaded.len() == 40, "the script loads: {loaded}");
+        return loaded;
+    }
+    let name = format!("cost_{sha}");
+    let library = format!("#!lua name={name}\n{source}redis.register_function('{name}', check)\n");
+    let loaded = harness::cli(port, &["FUNCTION", "LOAD", "REPLACE", &library]);
+    assert!(loaded == name, "the library loads: {loaded}");
+    format!("fn:{name}")
 }
 
 /// A row's figure for this build's script and, when there is one, the other's: `blocks`
@@ -222,14 +264,14 @@ fn main() {
         .position(|a| a == "--lua")
         .map(|i| source_of(args.get(i + 1).expect("--lua DIR")));
     let redis = harness::RedisServer::start();
-    let this = this.as_deref().unwrap_or(script::SOURCE);
-    let mut scripts = vec![harness::cli(redis.port, &["SCRIPT", "LOAD", this])];
-    assert!(scripts[0].len() == 40, "the script loads: {}", scripts[0]);
+    let built = script::SOURCE
+        .strip_suffix("return check(KEYS, ARGV)\n")
+        .expect("the script ends with its call");
+    let this = this.unwrap_or_else(|| built.to_owned());
+    let eval = args.iter().any(|a| a == "--eval");
+    let mut scripts = vec![load(redis.port, &this, eval)];
     if let Some(dir) = &against {
-        scripts.push(harness::cli(
-            redis.port,
-            &["SCRIPT", "LOAD", &source_of(dir)],
-        ));
+        scripts.push(load(redis.port, &source_of(dir), false));
     }
     // Alternating blocks: four per row beside another script (`--blocks N`), one alone.
     let blocks = match args.iter().position(|a| a == "--blocks") {

@@ -46,11 +46,15 @@
 -- of an all-or-nothing call): the other calls' answers stand, refusals included, and what they
 -- admitted is written. READONLY (a demoted master: no write can have happened) ends the script
 -- call as an error, for Cluster to follow.
-local numbers, read_numbers = ARGV[1], struct.unpack
+-- struct.unpack, taken at each call: a function library cannot reach `struct` while it loads.
+local read_numbers = nil
+-- The script call's own: its numbers (ARGV[1]) and its keys, set by `check` at each call.
+local numbers, keys = nil, nil
 -- The formats of one number, of a call's four, of a key's seven; the bytes of the last two.
 local NUMBER, CALL_HEAD, KEY_NUMBERS = '>i8', '>i8i8i8i8', '>i8i8i8i8i8i8i8'
 local CALL_HEAD_BYTES, KEY_BYTES = 32, 56
 
+-- Redis TIME, read once per script call (reset by `check`).
 local redis_now = nil
 local function clock(now)
   if now ~= 0 then return now end
@@ -67,11 +71,11 @@ end
 -- a call that differs (a test's own clock, a rate changed by a reload between two calls) writes
 -- it back and reads again, and a refund writes it back first: every decision is the one the
 -- calls would get one by one.
-local held, held_keys = {}, {}
+local held, held_keys = nil, nil
 
 -- Keys that failed: failed[call][i] = the error of the call's key i; failed[call].all for every
 -- key of the call. `fatal`: an error that must end the script call.
-local failed, fatal = {}, nil
+local failed, fatal = nil, nil
 
 local function error_text(e)
   if type(e) == 'table' then e = e.err end
@@ -105,8 +109,11 @@ local function flush(key, h)
   if not h.s.dirty then return end
   local ok, e = pcall(flush_state, key, h)
   if not ok then
-    local w = h.writers
-    for j = 1, h.nw, 2 do fail(w[j], w[j + 1], e) end
+    if h.wc then fail(h.wc, h.wi, e) end
+    local w = h.more
+    if w then
+      for j = 1, #w, 2 do fail(w[j], w[j + 1], e) end
+    end
   end
 end
 
@@ -136,7 +143,9 @@ local function state(key, op, now, p, prefer_hash)
   else
     s = fixed_open(key, now, p)
   end
-  h = {op = op, now = now, p = p, s = s, writers = nil, nw = 0}
+  -- wc, wi: the first call and key that changed it; more: any others, as flat pairs (most keys
+  -- have one writer: no table for it).
+  h = {op = op, now = now, p = p, s = s, wc = false, wi = 0, more = nil}
   held[key] = h
   return h
 end
@@ -153,19 +162,6 @@ local function scratch_state(scratch, key, op, now, p, prefer_hash)
   return c
 end
 
-local call_count, carried, a = read_numbers('>i8i8', numbers, 1)
-local keys = KEYS
-if carried > 0 then
-  keys = {}
-  for i = 1, carried do
-    keys[i] = ARGV[1 + i]
-    local here = redis.pcall('EXISTS', keys[i])
-    if type(here) == 'table' and here.err then
-      return redis.error_reply('TRYAGAIN portcullis: a key of the batch is not served here: ' ..
-        tostring(here.err))
-    end
-  end
-end
 
 -- Runs the operation whose seven numbers start at byte `a` of ARGV[1] on its key, key `i` of call
 -- `call`; on `scratch` copies when given (an all-or-nothing look). It writes when the call may
@@ -239,29 +235,32 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   -- Whether this check changes the state: it then shares the fate of the state's write.
   local was_dirty = s.dirty
   s.dirty = false
-  -- pcall with the function itself: a closure per check was a large part of its cost.
-  local ok, result
+  -- pcall with the function itself (a closure per check was a large part of its cost), where the
+  -- function can raise (it reads Redis): the state's earlier changes must not be forgotten. The
+  -- bucket and the fixed window only compute.
+  local ok, result = true, nil
   if op == 1 then
     ok, result = pcall(sliding_window, s, key, now, n2, n3, commit, post_paid)
   elseif op == 2 then
     -- cost quotient and remainder, tolerance quotient and remainder, rate
     if keep ~= nil and (s.keep == nil or keep > s.keep) then s.keep = keep end
-    ok, result = pcall(token_bucket, s, now, n2, n3, n4, n5, unit, commit, post_paid, claim_q,
-      claim_r)
+    result = token_bucket(s, now, n2, n3, n4, n5, unit, commit, post_paid, claim_q, claim_r)
   elseif op == 6 then
     ok, result = pcall(concurrency, s, now, unit, n2, n3, commit)
   else
-    ok, result = pcall(fixed_window, s, now, n2, n3, commit, post_paid)
+    result = fixed_window(s, now, n2, n3, commit, post_paid)
   end
   if s.dirty and scratch == nil then
-    -- Flat pairs (call, key): no table per charge.
-    local w, n = h.writers, h.nw
-    if w == nil then
-      w = {}
-      h.writers = w
+    if not h.wc then
+      h.wc, h.wi = call, i
+    else
+      local w = h.more
+      if w == nil then
+        w = {}
+        h.more = w
+      end
+      w[#w + 1], w[#w + 2] = call, i
     end
-    w[n + 1], w[n + 2] = call, i
-    h.nw = n + 2
   end
   s.dirty = s.dirty or was_dirty
   if not ok then error(result, 0) end
@@ -271,10 +270,6 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   end
   return result
 end
-
--- The reply (common.lua's `sink`): the clock's place first.
-local out = {0}
-sink, sink_n = out, 1
 
 -- Runs key `i` of call `call` (`run`'s arguments) into the sink: its reply's length, then its
 -- numbers; an error leaves the key one string and is recorded in `failed`. Returns whether it
@@ -295,111 +290,138 @@ local function entry(at, now, charging, commit_charges, call, i, scratch)
   return nil, start
 end
 
-local modes = {}
-for call = 1, call_count do
-  local now, expires, mode, count = read_numbers(CALL_HEAD, numbers, a)
-  if now == 0 then now = redis_now or clock(0) end
-  a = a + CALL_HEAD_BYTES
-  modes[call] = mode
-  sink_n = sink_n + 1
-  out[sink_n] = count
-  local commit_charges = mode == 0
-  local decided = true
-  if expires > 0 and now > expires and now - expires < 60000000 then
-    fail(call, nil, 'EXPIRED portcullis: the call reached Redis after its deadline; not run')
-    decided = false
-  end
-  -- An all-or-nothing call's look: each charge's entry in `look`, where it starts in `looks`.
-  local look, looks = nil, nil
-  if decided and (mode == 1 or mode == 3) then
-    -- Look first, on copies: a charge happens only if every charge of the call would pass.
-    commit_charges = true
-    local scratch = {}
-    look, looks = {}, {}
-    sink, sink_n = look, 0
-    for i = 0, count - 1 do
-      local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
-      if op < 10 or op > 20 then -- not a refund (11-13, 15, 16)
-        local at = a + KEY_BYTES * i
-        local allowed, start = entry(at, now, true, true, call, i + 1, scratch)
-        if allowed == nil then
-          -- Undecidable as a whole: nothing of it is charged.
-          fail(call, nil, look[start])
-          decided = false
-          break
-        end
-        looks[i + 1] = start
-        if allowed == 0 then commit_charges = false end
-      end
-    end
-    sink, sink_n = out, #out
-  end
-  -- Refunds and post-paid charges apply whatever the call's other charges answer (`run`).
-  local charging = mode == 0 or mode == 1
-  for i = 0, count - 1 do
-    if not decided then
-      -- Each key's place, filled with the call's error at the end.
-      sink_n = sink_n + 1
-      out[sink_n] = 0
-    else
-      -- A charge the look refused, not to be written (a post-paid one is, as a refund is).
-      local at = looks and looks[i + 1]
-      if at ~= nil and look[at + 1] == 0 then
-        local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
-        if charging and (commit_charges or op > 10) then at = nil end
-      end
-      if at ~= nil and look[at + 1] == 0 then
-        -- Refused as a whole: a charge the look refused answers so (the second of two checks
-        -- on one key is refused there, not alone); the others answer as a probe would.
-        for j = at, at + look[at] do
-          sink_n = sink_n + 1
-          out[sink_n] = look[j]
-        end
-      else
-        entry(a + KEY_BYTES * i, now, charging, commit_charges, call, i + 1)
+-- One script call: what the header above describes. Everything it keeps is reset here first:
+-- as a Redis function (FCALL) the definitions above are made once, when the library is
+-- loaded, and live between calls.
+local function check(KEYS, ARGV)
+  numbers, keys, redis_now, read_numbers = ARGV[1], KEYS, nil, struct.unpack
+  held, held_keys = {}, {}
+  failed, fatal = {}, nil
+  -- claims.lua's holder tables, read at most once a script call and never kept past it.
+  claim_tables = {}
+  local call_count, carried, a = read_numbers('>i8i8', numbers, 1)
+  if carried > 0 then
+    keys = {}
+    for i = 1, carried do
+      keys[i] = ARGV[1 + i]
+      local here = redis.pcall('EXISTS', keys[i])
+      if type(here) == 'table' and here.err then
+        return redis.error_reply('TRYAGAIN portcullis: a key of the batch is not served here: ' ..
+          tostring(here.err))
       end
     end
   end
-  a = a + KEY_BYTES * count
-end
-flush_all()
-if fatal ~= nil then return redis.error_reply(fatal) end
-out[1] = redis_now or 0
-if next(failed) == nil then
-  -- Every key decided: the numbers as one binary string (big-endian 64-bit), packed by Redis'
-  -- `struct` a few hundred at a time (each goes on Lua's stack): Portcullis reads them without
-  -- parsing a RESP integer each.
-  local parts = {}
-  for first = 1, #out, 256 do
-    local last = math.min(first + 255, #out)
-    local format = '>' .. string.rep('i8', last - first + 1)
-    parts[#parts + 1] = struct.pack(format, unpack(out, first, last))
-  end
-  return table.concat(parts)
-end
 
--- Some keys failed after they were answered (a write refused), or a whole call did: the reply
--- is written again with each failed key's error in its place.
-local again, at = {out[1]}, 2
-for call = 1, call_count do
-  local f, count = failed[call], out[at]
-  again[#again + 1] = count
-  at = at + 1
-  -- All or nothing: a key that failed leaves the whole call undecided.
-  local whole = f and f.all
-  if f ~= nil and whole == nil and (modes[call] == 1 or modes[call] == 3) then
-    for i = 1, count do whole = whole or f[i] end
-  end
-  for i = 1, count do
-    local size = 0
-    if type(out[at]) == 'number' then size = out[at] end
-    local e = whole or (f and f[i])
-    if e ~= nil then
-      again[#again + 1] = error_text(e)
-    else
-      for j = at, at + size do again[#again + 1] = out[j] end
+  -- The reply (common.lua's `sink`): the clock's place first.
+  local out = {0}
+  sink, sink_n = out, 1
+
+  local modes = {}
+  for call = 1, call_count do
+    local now, expires, mode, count = read_numbers(CALL_HEAD, numbers, a)
+    if now == 0 then now = redis_now or clock(0) end
+    a = a + CALL_HEAD_BYTES
+    modes[call] = mode
+    sink_n = sink_n + 1
+    out[sink_n] = count
+    local commit_charges = mode == 0
+    local decided = true
+    if expires > 0 and now > expires and now - expires < 60000000 then
+      fail(call, nil, 'EXPIRED portcullis: the call reached Redis after its deadline; not run')
+      decided = false
     end
-    at = at + 1 + size
+    -- An all-or-nothing call's look: each charge's entry in `look`, where it starts in `looks`.
+    local look, looks = nil, nil
+    if decided and (mode == 1 or mode == 3) then
+      -- Look first, on copies: a charge happens only if every charge of the call would pass.
+      commit_charges = true
+      local scratch = {}
+      look, looks = {}, {}
+      sink, sink_n = look, 0
+      for i = 0, count - 1 do
+        local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
+        if op < 10 or op > 20 then -- not a refund (11-13, 15, 16)
+          local at = a + KEY_BYTES * i
+          local allowed, start = entry(at, now, true, true, call, i + 1, scratch)
+          if allowed == nil then
+            -- Undecidable as a whole: nothing of it is charged.
+            fail(call, nil, look[start])
+            decided = false
+            break
+          end
+          looks[i + 1] = start
+          if allowed == 0 then commit_charges = false end
+        end
+      end
+      sink, sink_n = out, #out
+    end
+    -- Refunds and post-paid charges apply whatever the call's other charges answer (`run`).
+    local charging = mode == 0 or mode == 1
+    for i = 0, count - 1 do
+      if not decided then
+        -- Each key's place, filled with the call's error at the end.
+        sink_n = sink_n + 1
+        out[sink_n] = 0
+      else
+        -- A charge the look refused, not to be written (a post-paid one is, as a refund is).
+        local at = looks and looks[i + 1]
+        if at ~= nil and look[at + 1] == 0 then
+          local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
+          if charging and (commit_charges or op > 10) then at = nil end
+        end
+        if at ~= nil and look[at + 1] == 0 then
+          -- Refused as a whole: a charge the look refused answers so (the second of two checks
+          -- on one key is refused there, not alone); the others answer as a probe would.
+          for j = at, at + look[at] do
+            sink_n = sink_n + 1
+            out[sink_n] = look[j]
+          end
+        else
+          entry(a + KEY_BYTES * i, now, charging, commit_charges, call, i + 1)
+        end
+      end
+    end
+    a = a + KEY_BYTES * count
   end
+  flush_all()
+  if fatal ~= nil then return redis.error_reply(fatal) end
+  out[1] = redis_now or 0
+  if next(failed) == nil then
+    -- Every key decided: the numbers as one binary string (big-endian 64-bit), packed by Redis'
+    -- `struct` a few hundred at a time (each goes on Lua's stack): Portcullis reads them without
+    -- parsing a RESP integer each.
+    local parts = {}
+    for first = 1, #out, 256 do
+      local last = math.min(first + 255, #out)
+      local format = '>' .. string.rep('i8', last - first + 1)
+      parts[#parts + 1] = struct.pack(format, unpack(out, first, last))
+    end
+    return table.concat(parts)
+  end
+
+  -- Some keys failed after they were answered (a write refused), or a whole call did: the reply
+  -- is written again with each failed key's error in its place.
+  local again, at = {out[1]}, 2
+  for call = 1, call_count do
+    local f, count = failed[call], out[at]
+    again[#again + 1] = count
+    at = at + 1
+    -- All or nothing: a key that failed leaves the whole call undecided.
+    local whole = f and f.all
+    if f ~= nil and whole == nil and (modes[call] == 1 or modes[call] == 3) then
+      for i = 1, count do whole = whole or f[i] end
+    end
+    for i = 1, count do
+      local size = 0
+      if type(out[at]) == 'number' then size = out[at] end
+      local e = whole or (f and f[i])
+      if e ~= nil then
+        again[#again + 1] = error_text(e)
+      else
+        for j = at, at + size do again[#again + 1] = out[j] end
+      end
+      at = at + 1 + size
+    end
+  end
+  return again
 end
-return again

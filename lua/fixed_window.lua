@@ -23,7 +23,7 @@ end
 -- stored window changes (or the key is new).
 local function fixed_store(key, now, window_us, window, count, stored_window)
   if count > 0 then
-    redis.call('HSET', key, 'w', window, 'c', count)
+    redis.call('HSET', key, 'w', int(window), 'c', int(count))
     if stored_window ~= window then
       redis.call('PEXPIREAT', key, expire_at_ms(now, (window + 1) * window_us - now))
     end

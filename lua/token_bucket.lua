@@ -25,7 +25,7 @@ end
 -- keep: kept at least until then (RLQS grants claim part of the bucket: check_claimed reads
 -- its TAT past full), or nil.
 local function bucket_store(key, now, requests, tat, frac, keep)
-  redis.call('HSET', key, 't', tat, 'f', frac, 'r', requests)
+  redis.call('HSET', key, 't', int(tat), 'f', int(frac), 'r', int(requests))
   local ttl_us = tat - now
   if frac > 0 then ttl_us = ttl_us + 1 end
   if keep ~= nil and keep - now > ttl_us then ttl_us = keep - now end

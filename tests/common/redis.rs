@@ -477,11 +477,15 @@ pub fn redis_settings(s: &mut portcullis::settings::Settings, redis: &RedisServe
     s.store_timeout = Duration::from_secs(2);
 }
 
-/// The script calls Redis has run since its statistics were last reset (EVALSHA and EVAL).
+/// The script calls Redis has run since its statistics were last reset (FCALL, EVALSHA and EVAL).
 pub fn script_calls(port: u16) -> u64 {
     cli(port, &["INFO", "commandstats"])
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split([':', ','])
                 .find_map(|f| f.strip_prefix("calls="))

@@ -123,6 +123,9 @@ async fn the_readme_acl_is_all_the_service_needs() {
     }
     let (status, body) = http(admin, "GET", "/readyz", "").await;
     assert_eq!(status, 200, "{body}");
+    // Decisions went by FCALL of the function library (not the slower EVALSHA fallback).
+    let stats = cli(redis.port, &["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_fcall:calls="), "{stats}");
     let (_, metrics) = http(admin, "GET", "/metrics", "").await;
     assert_eq!(
         sample(
@@ -206,6 +209,7 @@ async fn a_store_that_cannot_run_the_scripts_is_not_ready_and_says_why() {
     let acl: Vec<String> = readme_acl()
         .into_iter()
         .filter(|a| !matches!(a.as_str(), "+evalsha" | "+eval" | "+script|load"))
+        // With FCALL allowed, decisions would work: the other scripts (RLQS, scaling) would not.
         .collect();
     args.extend(acl.iter().map(String::as_str));
     assert_eq!(cli(redis.port, &args), "OK");
@@ -269,4 +273,53 @@ async fn waiting_for_replicas_needs_the_wait_permission_the_guide_names() {
         }
         server.stop().await;
     }
+}
+
+/// A user the ACL allows scripts and not functions (an ACL written before Portcullis called
+/// functions): every decision is still made, by EVALSHA, and readiness says ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_without_functions_is_served_by_scripts() {
+    let redis = RedisServer::start();
+    let mut args = vec!["ACL", "SETUSER", "portcullis"];
+    let acl: Vec<String> = readme_acl()
+        .into_iter()
+        .filter(|a| !matches!(a.as_str(), "+fcall" | "+function|load"))
+        .collect();
+    assert!(
+        acl.len() + 2 == readme_acl().len(),
+        "the guide names both: {acl:?}"
+    );
+    args.extend(acl.iter().map(String::as_str));
+    assert_eq!(cli(redis.port, &args), "OK");
+    let url = redis.url();
+    let server = TestServer::start_with(&[("acl.yaml", RULES)], move |s| {
+        s.store = StoreKind::Redis;
+        s.redis_url = Some(url);
+        s.redis_user = Some("portcullis".into());
+        s.redis_password = Some(Secret("s3cret".into()));
+        s.store_timeout = Duration::from_secs(2);
+        s.failure_mode = FailureMode::Deny;
+    })
+    .await;
+    for key in ["sliding", "bucket", "fixed"] {
+        for remaining in [4, 3] {
+            let r = server.ok(request("acl", &[&[(key, "u")]])).await;
+            assert_eq!(
+                (r.overall_code, r.statuses[0].limit_remaining),
+                (OK, remaining),
+                "{key}"
+            );
+        }
+    }
+    let stats = cli(redis.port, &["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls="), "{stats}");
+    assert_eq!(
+        cli(redis.port, &["FUNCTION", "LIST"]),
+        "",
+        "no library was loaded"
+    );
+    let admin = server.running.as_ref().unwrap().admin_addr.port();
+    let (status, body) = http(admin, "GET", "/readyz", "").await;
+    assert_eq!(status, 200, "{body}");
+    server.stop().await;
 }

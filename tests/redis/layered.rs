@@ -404,21 +404,9 @@ async fn layers_on_cluster_decide_like_the_model_in_one_script_call() {
     );
 }
 
-/// Script calls a node has run (EVALSHA and EVAL).
+/// Script calls a node has run (FCALL, EVALSHA and EVAL).
 fn eval_calls(port: u16) -> u64 {
-    let stats = common::redis::cli(port, &["INFO", "commandstats"]);
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    common::redis::script_calls(port)
 }
 
 /// A layered `post_paid` rule (tokens per minute and per day): a charge that does not fit is

@@ -1,6 +1,6 @@
 //! Replicas on one Redis share one budget and one clock: two instances admit exactly the limit
 //! (standalone and Cluster), a replica whose host clock is 45 s off still counts right, and a node
-//! that forgets the script is answered by EVAL.
+//! that forgets the function library is sent it again.
 
 use crate::common;
 
@@ -15,6 +15,9 @@ use portcullis::settings::{Settings, StoreKind};
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 
+/// Decisions go by FCALL of the function library, loaded once on the node (the decision script
+/// is never sent as a script); a node that forgets it (FUNCTION FLUSH: a new node, a restore) is
+/// sent it again, and one that forgets its scripts too still answers every call.
 #[tokio::test]
 async fn scripts_are_sent_again_after_the_node_forgets_them() {
     let redis = RedisServer::start();
@@ -29,12 +32,36 @@ async fn scripts_are_sent_again_after_the_node_forgets_them() {
             .overall_code,
         OK
     );
+    let library = format!(
+        "portcullis_{}",
+        portcullis::store::redis::script::SHA.as_str()
+    );
+    let listed = || cli(redis.port, &["FUNCTION", "LIST", "LIBRARYNAME", &library]);
+    assert!(listed().contains(&library), "loaded: {}", listed());
+    // One decision is one FCALL; no EVALSHA or EVAL beside it (readiness sends one of each).
+    let calls = |command: &str| -> u64 {
+        let stats = cli(redis.port, &["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().expect("a count"))
+    };
+    let before = (calls("fcall"), calls("evalsha"), calls("eval"));
+    server.ok(request("hostile", &[&[("sliding", "m")]])).await;
+    assert_eq!(
+        (calls("fcall"), calls("evalsha"), calls("eval")),
+        (before.0 + 1, before.1, before.2)
+    );
+    assert_eq!(cli(redis.port, &["FUNCTION", "FLUSH"]), "OK");
     assert_eq!(cli(redis.port, &["SCRIPT", "FLUSH"]), "OK");
+    assert!(!listed().contains(&library));
     let r = server.ok(request("hostile", &[&[("sliding", "n")]])).await;
     assert_eq!(
         r.overall_code, OVER,
-        "the counter survived; the script was re-sent"
+        "the counter survived; the library was loaded again"
     );
+    assert!(listed().contains(&library), "loaded again: {}", listed());
     server.stop().await;
 }
 

@@ -29,13 +29,13 @@ async fn check_cost(server: &TestServer, port: u16, value: &str, calls: usize) -
     }
     cli(port, &["INFO", "commandstats"])
         .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .find(|l| l.starts_with("cmdstat_fcall:"))
         .and_then(|l| {
             l.split([':', ','])
                 .find_map(|f| f.strip_prefix("usec_per_call="))
                 .and_then(|v| v.parse().ok())
         })
-        .expect("EVALSHA's statistics")
+        .expect("FCALL's statistics")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -245,6 +245,8 @@ struct Node {
     /// Replicas that must acknowledge each script call's writes (`send::replicas_acknowledged`);
     /// 0: none.
     wait_replicas: u32,
+    /// FCALL, or EVALSHA where Redis refused functions.
+    calls: Arc<super::send::ScriptCalls>,
 }
 
 impl Batcher {
@@ -256,6 +258,7 @@ impl Batcher {
         connections: usize,
         metrics: Arc<Metrics>,
         wait_replicas: u32,
+        calls: Arc<super::send::ScriptCalls>,
     ) -> Batcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
         let node = Arc::new(Node {
@@ -263,6 +266,7 @@ impl Batcher {
             clock: RedisClock::default(),
             metrics,
             wait_replicas,
+            calls,
         });
         tokio::spawn(dispatch(
             node,
@@ -349,7 +353,7 @@ async fn send(node: &Node, jobs: Vec<Job>) {
     let budget = deadline.saturating_duration_since(Instant::now());
     let called = tokio::time::timeout_at(
         deadline,
-        eval(&mut conn, &keys, &args, &Route::BySlot, false),
+        eval(&mut conn, &node.calls, &keys, &args, &Route::BySlot, false),
     )
     .await;
     match called {

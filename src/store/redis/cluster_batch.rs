@@ -62,6 +62,7 @@ impl NodeBatcher {
         cluster: ClusterConnection,
         metrics: Arc<Metrics>,
         wait_replicas: u32,
+        calls: Arc<super::send::ScriptCalls>,
     ) -> NodeBatcher {
         let (jobs, queue) = mpsc::channel(MAX_WAITING);
         let (maps, map) = watch::channel(None);
@@ -72,6 +73,7 @@ impl NodeBatcher {
             stale,
             metrics,
             wait_replicas,
+            calls,
         };
         tokio::spawn(dispatch(shared, queue, map.clone()));
         NodeBatcher { jobs, map }
@@ -115,6 +117,8 @@ struct Shared {
     /// Replicas that must acknowledge each script call's writes (`send::replicas_acknowledged`);
     /// 0: none.
     wait_replicas: u32,
+    /// FCALL, or EVALSHA where Redis refused functions.
+    calls: Arc<super::send::ScriptCalls>,
 }
 
 async fn dispatch(
@@ -263,8 +267,11 @@ async fn send(shared: &Shared, jobs: Vec<(u16, Job)>, clock: &RedisClock) {
     } = merge(jobs.into_iter().map(|(_, job)| job).collect(), clock);
     let budget = deadline.saturating_duration_since(Instant::now());
     let mut conn = shared.cluster.clone();
-    let called =
-        tokio::time::timeout_at(deadline, eval_on_cluster(&mut conn, &keys, &args, spread)).await;
+    let called = tokio::time::timeout_at(
+        deadline,
+        eval_on_cluster(&mut conn, &shared.calls, &keys, &args, spread),
+    )
+    .await;
     match called {
         Ok(Err(e))
             if (spread == Spread::CallsOfOneSlot && is_tryagain(&e))

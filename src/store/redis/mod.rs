@@ -69,6 +69,8 @@ pub struct RedisStore {
     /// Its RLS charges count the grants' claims (read by the script from the holder table in the
     /// counters' slot), and their hits on claimed descriptors are tallied here as RLS demand.
     claims: Arc<claims::ClaimsSwitch>,
+    /// FCALL of the library, or EVALSHA where Redis refused functions (shared with the batchers).
+    calls: Arc<send::ScriptCalls>,
 }
 
 impl RedisStore {
@@ -80,12 +82,14 @@ impl RedisStore {
     ) -> Result<RedisStore, StoreError> {
         let backend = Backend::new(config, metrics.clone())
             .map_err(|e| StoreError::Permanent(format!("the Redis settings cannot work: {e}")))?;
+        let calls = Arc::new(send::ScriptCalls::default());
         let batcher = match &backend {
             Backend::Pool(set) => Some(batch::Batcher::spawn(
                 set.clone(),
                 config.pool_size.max(1) as usize,
                 metrics.clone(),
                 config.wait_replicas,
+                calls.clone(),
             )),
             Backend::Cluster(_) => None,
         };
@@ -94,6 +98,7 @@ impl RedisStore {
                 cluster.clone(),
                 metrics.clone(),
                 config.wait_replicas,
+                calls.clone(),
             )),
             Backend::Pool(_) => None,
         };
@@ -107,6 +112,7 @@ impl RedisStore {
             metrics,
             quota_log: Arc::default(),
             claims: Arc::default(),
+            calls,
         })
     }
 
@@ -337,7 +343,7 @@ impl RedisStore {
     where
         C: redis::aio::ConnectionLike + send::RoutedConn,
     {
-        send::run_empty(conn).await?;
+        send::run_empty(conn, &self.calls).await?;
         if self.wait_replicas == 0 {
             return Ok(());
         }

@@ -1,5 +1,5 @@
 //! The start-up probe of one Redis node: its version, whether scripts may run (the decision
-//! script is loaded on the way), and a warning when its eviction policy could hand budgets back.
+//! script and its function library are loaded on the way), and a warning when its eviction policy could hand budgets back.
 //! For the start-up log only; it must never decide anything.
 
 use std::time::Duration;
@@ -11,7 +11,8 @@ use super::errors::classify;
 use super::script;
 use crate::store::StoreError;
 
-/// `INFO server` and `SCRIPT LOAD` on one node: its version, and whether scripts may run.
+/// `INFO server`, `SCRIPT LOAD` and `FUNCTION LOAD` on one node: its version, and whether
+/// scripts may run.
 pub(super) async fn probe_node<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     deadline: Instant,
@@ -53,6 +54,22 @@ pub(super) async fn probe_node<C: redis::aio::ConnectionLike>(
             .arg(script::SOURCE)
             .query_async::<String>(conn)
             .await?;
+        // The decision function too, where the server has functions (Redis 7, Valkey): loaded
+        // before the first call rather than by it. Already there (another replica of Portcullis
+        // loaded it) is as good; a refusal (an ACL without FUNCTION LOAD) leaves the calls to
+        // EVALSHA, which they find out themselves (send.rs).
+        if !version.starts_with('6') {
+            let loaded = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg(script::LIBRARY.as_str())
+                .query_async::<Value>(conn)
+                .await;
+            if let Err(e) = loaded
+                && !e.to_string().contains("already exists")
+            {
+                tracing::debug!(error = %e, "the decision function library was not loaded at start");
+            }
+        }
         Ok::<_, RedisError>(version)
     };
     let version = match tokio::time::timeout_at(deadline, work).await {

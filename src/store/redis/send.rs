@@ -1,17 +1,69 @@
-//! Sending the decision script: EVALSHA, and EVAL where a node does not have it cached, by slot or
-//! to the node a Cluster redirection named; and, where replicas must have a call's writes, the
-//! `WAIT` after it. It must never send a script twice itself: whether a failed send may be sent
-//! again is decided by `errors::did_not_run`: `eval_on_cluster` follows MOVED and ASK and waits
-//! out TRYAGAIN and failovers, and nothing else.
+//! Sending the decision script: FCALL of its function library, loaded where a node does not have
+//! it (or EVALSHA, and EVAL where a node does not have the script cached, on a node without
+//! functions), by slot or to the node a Cluster redirection named; and, where replicas must have a
+//! call's writes, the `WAIT` after it. It must never send a script twice itself: a call is sent
+//! again only where the node answered that it did not run it (no such function or script, no
+//! functions at all, out of memory before it started), and whether a failed send may be sent again
+//! otherwise is decided by `errors::did_not_run`: `eval_on_cluster` follows MOVED and ASK and
+//! waits out TRYAGAIN and failovers, and nothing else.
 
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::errors::{did_not_run, is_noscript, is_tryagain};
 use super::script;
+
+/// How a store calls the decision script: by FCALL of the library (its definitions made once per
+/// node, not at every call), or by EVALSHA once a node has refused functions (Redis 6, `FCALL`
+/// renamed away, an ACL that allows EVALSHA and not FCALL or FUNCTION LOAD): from then on the
+/// store keeps to scripts, which every such node runs.
+#[derive(Debug, Default)]
+pub struct ScriptCalls {
+    scripts_only: AtomicBool,
+}
+
+impl ScriptCalls {
+    /// Calls go by EVALSHA from now on; said once, with the node's reason.
+    fn keep_to_scripts(&self, why: &RedisError) {
+        if !self.scripts_only.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                error = %why,
+                "Redis refused the decision script's function library: calling it by EVALSHA \
+                 from now on (every decision defines the script's functions again, which costs \
+                 Redis about a microsecond more)"
+            );
+        }
+    }
+
+    /// Whether calls go by EVALSHA.
+    pub fn scripts_only(&self) -> bool {
+        self.scripts_only.load(Ordering::Relaxed)
+    }
+}
+
+/// What a node answers to FCALL or FUNCTION LOAD where it has no functions for us: an unknown
+/// command, or an ACL refusing it. The call did not run.
+fn refuses_functions(error: &RedisError) -> bool {
+    matches!(error.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
+        || error.to_string().contains("unknown command")
+}
+
+/// FCALL of a function the node has not loaded (a new node, a flush, an older version's node):
+/// nothing ran.
+fn function_missing(error: &RedisError) -> bool {
+    error.code() == Some("ERR") && error.to_string().contains("Function not found")
+}
+
+/// A function refused whole at its start for memory (`maxmemory` reached; Redis runs no function
+/// then, where a script runs and fails only its writes): nothing ran, and the script by EVALSHA
+/// answers its refusals.
+fn refused_for_memory(error: &RedisError) -> bool {
+    error.code() == Some("OOM")
+}
 
 /// Where to send a script on Cluster: by its key's slot, or to the node a redirection named.
 #[derive(Debug, Clone)]
@@ -32,16 +84,19 @@ pub(super) fn redirect(error: &RedisError) -> Option<Route> {
     }
 }
 
-/// EVALSHA, and EVAL on NOSCRIPT (a restarted or promoted node has an empty script cache; EVAL
-/// loads it there), sent by slot or to the node a redirection named (with ASKING for ASK). Not
-/// redis-rs' `Script::invoke_async`, which on NOSCRIPT in Cluster mode loads the script on every
-/// node and fails when any node is down.
+/// FCALL of the library's function, by slot or to the node a redirection named (with ASKING for
+/// ASK); where the node has not loaded it, FUNCTION LOAD there and FCALL again. Where functions
+/// cannot serve (`ScriptCalls`, or a call refused for memory), EVALSHA, and EVAL on NOSCRIPT (a
+/// restarted or promoted node has an empty script cache; EVAL loads it there). Not redis-rs'
+/// `Script::invoke_async`, which on NOSCRIPT in Cluster mode loads the script on every node and
+/// fails when any node is down; for the same reason FUNCTION LOAD goes to one node.
 ///
 /// `cross_slot`: the keys live in several slots of one Cluster node. Redis refuses declared keys
 /// of several slots, so only the first is declared (it routes the call) and all of them are
 /// carried in the arguments, where the script checks each is this node's before it starts.
 pub(super) async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
     conn: &mut C,
+    calls: &ScriptCalls,
     keys: &[String],
     args: &[i64],
     route: &Route,
@@ -72,6 +127,36 @@ pub(super) async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
         }
         cmd
     };
+    if !calls.scripts_only() {
+        let fcall = || build("FCALL", script::FUNCTION.as_str());
+        match conn.send_routed(fcall(), route).await {
+            Err(e) if function_missing(&e) => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg(script::LIBRARY.as_str());
+                match conn
+                    .send_to_node(load, route, packed.keys.first().copied())
+                    .await
+                {
+                    // Loaded, or loaded meanwhile by another replica of Portcullis.
+                    Ok(_) => return conn.send_routed(fcall(), route).await,
+                    Err(e) if e.to_string().contains("already exists") => {
+                        return conn.send_routed(fcall(), route).await;
+                    }
+                    Err(e) if refuses_functions(&e) => calls.keep_to_scripts(&e),
+                    // A demoted master, a moved slot: the call did not run, and says so.
+                    Err(e) if did_not_run(&e) => return Err(e),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the function library could not be loaded: this call goes by EVALSHA");
+                    }
+                }
+            }
+            Err(e) if refuses_functions(&e) => calls.keep_to_scripts(&e),
+            Err(e) if refused_for_memory(&e) => {
+                tracing::debug!("FCALL refused for memory: this call goes by EVALSHA");
+            }
+            other => return other,
+        }
+    }
     match conn
         .send_routed(build("EVALSHA", script::SHA.as_str()), route)
         .await
@@ -85,14 +170,24 @@ pub(super) async fn eval<C: redis::aio::ConnectionLike + RoutedConn>(
 }
 
 /// The decision script run with no call (it decides and reads nothing): whether this node can
-/// run it at all. NOSCRIPT sends it with EVAL, which loads it again where a flush or a failover
-/// emptied the cache. A node without scripting (EVAL unknown: renamed, or a Valkey without its
-/// Lua module) or a user the ACL refuses it answers the error a call would meet.
+/// run it at all, as a function (loading the library where the node lacks it, so that a new
+/// node's first calls do not) and as a script by EVALSHA, which the other scripts (RLQS grants,
+/// scaling factors) always use: NOSCRIPT sends it with EVAL, which loads it again where a flush
+/// or a failover emptied the cache. A node without scripting (EVAL unknown: renamed, or a Valkey
+/// without its Lua module) or a user the ACL refuses it answers the error a call would meet.
 pub(super) async fn run_empty<C: redis::aio::ConnectionLike + RoutedConn>(
     conn: &mut C,
+    calls: &ScriptCalls,
 ) -> Result<(), RedisError> {
     // No keys; the call count and the count of carried keys both 0 (lua/check.lua's numbers).
-    eval(conn, &[], &[0, 0], &Route::BySlot, false)
+    eval(conn, calls, &[], &[0, 0], &Route::BySlot, false).await?;
+    if calls.scripts_only() {
+        return Ok(());
+    }
+    let scripts = ScriptCalls {
+        scripts_only: AtomicBool::new(true),
+    };
+    eval(conn, &scripts, &[], &[0, 0], &Route::BySlot, false)
         .await
         .map(drop)
 }
@@ -161,10 +256,28 @@ impl Route {
 /// Sending a command by slot, or to a named node on Cluster.
 pub(super) trait RoutedConn {
     async fn send_routed(&mut self, cmd: redis::Cmd, route: &Route) -> Result<Value, RedisError>;
+
+    /// A keyless command to the node `route` reached with `key`'s call (without a key: where
+    /// the client routes it).
+    async fn send_to_node(
+        &mut self,
+        cmd: redis::Cmd,
+        route: &Route,
+        key: Option<&str>,
+    ) -> Result<Value, RedisError>;
 }
 
 impl RoutedConn for redis::aio::MultiplexedConnection {
     async fn send_routed(&mut self, cmd: redis::Cmd, _route: &Route) -> Result<Value, RedisError> {
+        cmd.query_async(self).await
+    }
+
+    async fn send_to_node(
+        &mut self,
+        cmd: redis::Cmd,
+        _route: &Route,
+        _key: Option<&str>,
+    ) -> Result<Value, RedisError> {
         cmd.query_async(self).await
     }
 }
@@ -194,6 +307,18 @@ impl RoutedConn for redis::cluster_async::ClusterConnection {
             }
         };
         Ok(value)
+    }
+
+    async fn send_to_node(
+        &mut self,
+        cmd: redis::Cmd,
+        route: &Route,
+        key: Option<&str>,
+    ) -> Result<Value, RedisError> {
+        match key {
+            Some(key) => self.route_command(cmd, route.node_of(key)).await,
+            None => cmd.query_async(self).await,
+        }
     }
 }
 
@@ -226,6 +351,7 @@ pub(crate) enum Spread {
 /// else the first key's slot).
 pub(super) async fn eval_on_cluster(
     conn: &mut redis::cluster_async::ClusterConnection,
+    calls: &ScriptCalls,
     keys: &[String],
     args: &[i64],
     spread: Spread,
@@ -234,7 +360,7 @@ pub(super) async fn eval_on_cluster(
     let mut attempt = 1;
     let cross_slot = spread == Spread::SeveralSlots;
     loop {
-        match eval(conn, keys, args, &route, cross_slot).await {
+        match eval(conn, calls, keys, args, &route, cross_slot).await {
             Err(e) if cross_slot && did_not_run(&e) => return Err(e),
             Err(e) if spread == Spread::CallsOfOneSlot && is_tryagain(&e) => return Err(e),
             Err(e) if attempt < CLUSTER_ATTEMPTS && did_not_run(&e) => {
