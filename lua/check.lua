@@ -36,7 +36,8 @@
 --       counts the RLQS grants' claims on its descriptor, claims.lua, and its reply ends with
 --       one more number, 0 when no gateway holds any of it, else 1 + what they claim), five
 --       numbers whose meaning is the operation's (see `run`), and where
---       its key is in KEYS (or in the carried keys), from 1.
+--       its key is in KEYS (or in the carried keys), from 1, negated when no other check of the
+--       script call names that key (`quick`).
 -- Returns numbers, as one binary string of big-endian 64-bit integers when every key was decided,
 -- else as an array of integers and strings: the node's clock in microseconds when the script
 -- read TIME, else 0 (every reply, even one whose calls all expired, tells Portcullis this node's
@@ -150,6 +151,29 @@ local function state(key, op, now, p, prefer_hash)
   return h
 end
 
+-- A charge of the sliding window (packed when new), the bucket or the fixed window, each alone
+-- (no claims counted, not post-paid), on a key no other check of the script call names: the
+-- state read, decided and written at once, as `state` and `flush` would, without holding it (the
+-- cold path: a rule keyed by user meets a new counter on almost every call). A refused write
+-- raises, failing the key (`entry`), as a held state's failed write fails its writers.
+local function quick(op, key, now, unit, n2, n3, n4, n5)
+  local s, result
+  if op == 3 then
+    s = fixed_open(key, now, unit)
+    result = fixed_window(s, now, n2, n3, true, false)
+    fixed_flush(key, s, now, unit)
+  elseif op == 2 then
+    s = bucket_open(key, unit)
+    result = token_bucket(s, now, n2, n3, n4, n5, unit, true, false, nil, nil)
+    bucket_flush(key, s, now, unit)
+  else
+    s = sliding_open(key, now, unit, false)
+    result = sliding_window(s, key, now, n2, n3, true, false)
+    sliding_flush(key, s, now, unit)
+  end
+  return result
+end
+
 -- An all-or-nothing call looks at its charges on copies of the held states, charging them there
 -- in order: two checks of one call on one key see each other's hits, as they will when charged.
 local function scratch_state(scratch, key, op, now, p, prefer_hash)
@@ -177,6 +201,14 @@ end
 --   21, 22, 23: 1, 2, 3 as post-paid charges.   4 blocked (a zero limit): always refused.
 local function run(a, now, charging, commit_charges, call, i, scratch)
   local op, unit, n2, n3, n4, n5, at = read_numbers(KEY_NUMBERS, numbers, a)
+  -- A place sent negated: no other check of the script call names this key.
+  if at < 0 then
+    at = -at
+    if op <= 3 and op >= 1 and charging and commit_charges and scratch == nil
+      and held[keys[at]] == nil then
+      return quick(op, keys[at], now, unit, n2, n3, n4, n5)
+    end
+  end
   local key = keys[at]
   -- A charge that counts the grants' claims: a window's limit less what they claim of it; a
   -- bucket decided as if they had drawn it (claim_q, claim_r: its span) and kept while they

@@ -197,6 +197,10 @@ pub fn pack<'a>(keys: &'a [String], args: &[i64], carried: bool) -> Result<Packe
     // The carried count is known once the keys are.
     put(0, &mut numbers);
     let mut keys_left = keys.iter();
+    // Where each check's key place was written, and how many checks name each key: a key named
+    // by one check only is sent as its place negated (check.lua decides and writes it at once).
+    let mut places: Vec<(usize, i64)> = Vec::with_capacity(keys.len());
+    let mut named: Vec<u32> = Vec::with_capacity(keys.len());
     for _ in 0..*calls {
         let &[clock, deadline, mode, count, ref after @ ..] = rest else {
             return Err(mismatch());
@@ -212,17 +216,25 @@ pub fn pack<'a>(keys: &'a [String], args: &[i64], carried: bool) -> Result<Packe
             let key = keys_left.next().ok_or_else(mismatch)?;
             let at = *seen.entry(key.as_str()).or_insert_with(|| {
                 distinct.push(key.as_str());
+                named.push(0);
                 distinct.len() as i64
             });
             for n in check {
                 put(*n, &mut numbers);
             }
+            places.push((numbers.len(), at));
+            named[at as usize - 1] += 1;
             put(at, &mut numbers);
         }
         rest = &after[count * ARGS_PER_KEY..];
     }
     if !rest.is_empty() || keys_left.next().is_some() {
         return Err(mismatch());
+    }
+    for (offset, at) in places {
+        if named[at as usize - 1] == 1 {
+            numbers[offset..offset + 8].copy_from_slice(&(-at).to_be_bytes());
+        }
     }
     if carried {
         numbers[8..16].copy_from_slice(&(distinct.len() as i64).to_be_bytes());
