@@ -50,8 +50,14 @@ fn evalsha_stats(port: u16) -> (f64, f64) {
 }
 
 /// One call of the decision script deciding `checks`, each a call of its own (as a batch sends
-/// them): `sha` is the script's SHA for EVALSHA, or `fn:` and a function's name for FCALL.
+/// them): `sha` is the script's SHA for EVALSHA, or `fn:` and a function's name for FCALL;
+/// `plain:` before a SHA: an older script, which reads its keys' places as they are, not negated
+/// where a key is named once (`script::pack`).
 fn script_call(sha: &str, checks: &[Check]) -> redis::Cmd {
+    let (sha, plain) = match sha.strip_prefix("plain:") {
+        Some(sha) => (sha, true),
+        None => (sha, false),
+    };
     let mut keys = Vec::new();
     let mut args = vec![checks.len() as i64, 0];
     for check in checks {
@@ -59,7 +65,21 @@ fn script_call(sha: &str, checks: &[Check]) -> redis::Cmd {
         let mode = script::mode_arg(ChargeMode::EachAlone);
         script::push_call(&[check], ScriptClock::RedisTime, 0, mode, &mut args);
     }
-    let packed = script::pack(&keys, &args, false).expect("arguments match the keys");
+    let mut packed = script::pack(&keys, &args, false).expect("arguments match the keys");
+    if plain {
+        // Each call: four numbers, then seven per check, its key's place last.
+        let mut at = 2;
+        for _ in 0..checks.len() {
+            let count = number(&packed.numbers, at + 3);
+            at += 4;
+            for k in 0..count as usize {
+                let place = at + 7 * k + 6;
+                let value = number(&packed.numbers, place).abs();
+                packed.numbers[place * 8..place * 8 + 8].copy_from_slice(&value.to_be_bytes());
+            }
+            at += 7 * count as usize;
+        }
+    }
     let mut cmd = match sha.strip_prefix("fn:") {
         Some(function) => {
             let mut cmd = redis::cmd("FCALL");
@@ -76,6 +96,11 @@ fn script_call(sha: &str, checks: &[Check]) -> redis::Cmd {
         .arg(&packed.keys)
         .arg(&packed.numbers);
     cmd
+}
+
+/// The `i`th big-endian number of a script call's numbers.
+fn number(numbers: &[u8], i: usize) -> i64 {
+    i64::from_be_bytes(numbers[i * 8..i * 8 + 8].try_into().expect("eight bytes"))
 }
 
 /// µs of Redis per script call (its `INFO commandstats`) over about `rounds` calls that
@@ -201,25 +226,31 @@ fn source_of(dir: &str) -> String {
 }
 
 /// Loads a decision script into Redis at `port`: as a function library when it defines `check`
-/// (unless `eval`), else as a script. What `script_call` takes: `fn:NAME` or the SHA.
+/// (unless `eval`), else as a script. What `script_call` takes: `fn:NAME` or the SHA, after
+/// `plain:` for a script that reads its keys' places as they are (before the quick path).
 fn load(port: u16, source: &str, eval: bool) -> String {
+    let plain = if source.contains("if at < 0 then") {
+        ""
+    } else {
+        "plain:"
+    };
     let sha = redis::Script::new(source).get_hash().to_owned();
     if !source.contains("local function check(KEYS, ARGV)") {
         let loaded = harness::cli(port, &["SCRIPT", "LOAD", source]);
         assert!(loaded == sha, "the script loads: {loaded}");
-        return sha;
+        return format!("{plain}{sha}");
     }
     if eval {
         let with_call = format!("{source}return check(KEYS, ARGV)\n");
         let loaded = harness::cli(port, &["SCRIPT", "LOAD", &with_call]);
         assert!(loaded.len() == 40, "the script loads: {loaded}");
-        return loaded;
+        return format!("{plain}{loaded}");
     }
     let name = format!("cost_{sha}");
     let library = format!("#!lua name={name}\n{source}redis.register_function('{name}', check)\n");
     let loaded = harness::cli(port, &["FUNCTION", "LOAD", "REPLACE", &library]);
     assert!(loaded == name, "the library loads: {loaded}");
-    format!("fn:{name}")
+    format!("{plain}fn:{name}")
 }
 
 /// A row's figure for this build's script and, when there is one, the other's: `blocks`

@@ -23,6 +23,10 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 1000000000}
+  - key: user_tb
+    rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: token_bucket, burst: 1000000000}
+  - key: user_fw
+    rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: fixed_window}
   - key: at_sw
     rate_limit: {unit: second, requests_per_unit: 3000}
   - key: at_fw
@@ -56,8 +60,10 @@ pub enum Scenario {
     AtLimit(&'static str, &'static str),
     /// Three descriptors per call, every call allowed.
     Three,
-    /// One descriptor per call over this many distinct values, every call allowed.
-    ManyKeys(u64),
+    /// One descriptor per call over this many distinct values, every call allowed: the cold
+    /// path, a counter met once in a while (label, key, values). A sliding or fixed window's
+    /// counter of an hour stays between two calls on it; a token bucket's is full again and gone.
+    ManyKeys(&'static str, &'static str, u64),
     /// A concurrency rule: calls alternate a hold and its release (a request through Envoy is
     /// both), over 1000 values, every call allowed.
     Concurrency,
@@ -70,7 +76,8 @@ impl Scenario {
             Scenario::Denied => "one hot key, denied".into(),
             Scenario::AtLimit(label, _) => format!("one descriptor at its limit, {label}"),
             Scenario::Three => "three descriptors".into(),
-            Scenario::ManyKeys(n) => format!("{}k distinct keys", n / 1000),
+            Scenario::ManyKeys("", _, n) => format!("{}k distinct keys", n / 1000),
+            Scenario::ManyKeys(label, _, n) => format!("{}k distinct keys, {label}", n / 1000),
             Scenario::Concurrency => "concurrency, a hold and a release".into(),
         }
     }
@@ -94,7 +101,7 @@ impl Scenario {
                 .iter()
                 .map(|k| descriptor(k, "x".into()))
                 .collect(),
-            Scenario::ManyKeys(n) => vec![descriptor("user", (i % n).to_string())],
+            Scenario::ManyKeys(_, key, n) => vec![descriptor(key, (i % n).to_string())],
             Scenario::Concurrency => {
                 let mut slot = descriptor("cc", (i / 2 % 1000).to_string());
                 slot.is_negative_hits = i % 2 == 1;
@@ -144,7 +151,7 @@ impl Scenario {
     }
 }
 
-pub const ALL: [Scenario; 9] = [
+pub const ALL: [Scenario; 11] = [
     Scenario::One("sliding window", "sw"),
     Scenario::One("token bucket", "tb"),
     Scenario::One("fixed window", "fw"),
@@ -152,7 +159,9 @@ pub const ALL: [Scenario; 9] = [
     Scenario::AtLimit("fixed window", "at_fw"),
     Scenario::Denied,
     Scenario::Three,
-    Scenario::ManyKeys(100_000),
+    Scenario::ManyKeys("", "user", 100_000),
+    Scenario::ManyKeys("token bucket", "user_tb", 100_000),
+    Scenario::ManyKeys("fixed window", "user_fw", 100_000),
     Scenario::Concurrency,
 ];
 

@@ -112,13 +112,16 @@ pub fn metric(text: &str, name: &str, with: &str) -> f64 {
         .sum()
 }
 
-/// (calls, usec) of script commands (EVALSHA and EVAL) on the nodes at `ports`.
+/// (calls, usec) of script commands (FCALL, EVALSHA and EVAL) on the nodes at `ports`.
 pub fn script_stats(ports: &[u16]) -> (f64, f64) {
     let mut calls = 0.0;
     let mut usec = 0.0;
     for port in ports {
         for line in cli(*port, &["INFO", "commandstats"]).lines() {
-            if !(line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:")) {
+            if !["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|c| line.starts_with(c))
+            {
                 continue;
             }
             for field in line.split_once(':').map_or("", |(_, f)| f).split(',') {

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Instructions Redis spends per decision of the decision script on the cold path, counted by
+valgrind's callgrind: the same count for the same binary and inputs whatever else the machine
+is doing, where a wall-clock or `usec_per_call` figure on this shared 2-core machine moves by
++-20%. For profiling a change to `lua/` (a script change judged by its count, side by side with
+the commit before), never as a timed test.
+
+Starts redis-server (Debian's, or $REDIS_SERVER_BIN) under callgrind on a free loopback port,
+loads the decision script of each `lua/` directory given (as a function library when its
+check.lua defines `check`, as this commit's does; else as a script by SCRIPT LOAD, as older
+commits'), fills the keyspace with 100,000 keys, then counts the instructions of N script calls
+of 10 checks, each on a key never named before (a 60-a-minute rule; the token bucket 100 a
+minute), per algorithm. Every process it starts is stopped before it returns.
+
+    python3 benches/support/script_instructions.py lua               this tree's scripts
+    git archive HEAD~1 lua | tar -x -C /tmp/base
+    python3 benches/support/script_instructions.py lua /tmp/base/lua side by side
+    ... --calls 300 --algorithms fixed,sliding,bucket --callgrind-out DIR (keep the profiles
+    for callgrind_annotate)
+
+The places of the checks' keys are sent negated (each key is named once) to a script that reads
+them so, as `script::pack` sends them; plain to an older one.
+"""
+
+import argparse
+import glob
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+PARTS = ["common", "sliding_packed", "sliding_window", "token_bucket", "fixed_window",
+         "concurrency", "claims", "check"]
+
+# The seven numbers of one check (lua/check.lua): operation, unit, four parameters; the place.
+CHECKS = {
+    "sliding": lambda place: [1, 1_000_000, 60, 1, 0, 0, place],
+    "bucket": lambda place: [2, 100, 600_000, 0, 60_000_000, 0, place],
+    "fixed": lambda place: [3, 60_000_000, 60, 1, 0, 0, place],
+}
+
+
+def resp(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def script_calls(target, algorithm, calls, prefix, negated):
+    """`calls` script calls of 10 calls of one check each, every key new."""
+    out = []
+    n = 0
+    for _ in range(calls):
+        keys, numbers = [], [10, 0]
+        for j in range(10):
+            n += 1
+            keys.append(f"{prefix}{{u{n}}}")
+            place = -(j + 1) if negated else j + 1
+            numbers += [0, 0, 0, 1] + CHECKS[algorithm](place)
+        packed = struct.pack(">%dq" % len(numbers), *numbers)
+        verb = "FCALL" if target.startswith("fn:") else "EVALSHA"
+        out.append(resp(verb, target.removeprefix("fn:"), 10, *keys, packed))
+    return b"".join(out)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli(port, *args, stdin=None):
+    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args],
+                          input=stdin, capture_output=True, check=True).stdout
+
+
+def count(lua_dir, algorithm, calls, keep):
+    source = "".join(open(os.path.join(lua_dir, f"{p}.lua")).read() for p in PARTS)
+    # Places negated where the script reads them so (since its quick path), as pack sends them.
+    negated = "if at < 0 then" in source
+    port = free_port()
+    work = tempfile.mkdtemp(prefix="callgrind-")
+    server = os.environ.get("REDIS_SERVER_BIN", "redis-server")
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+         f"--callgrind-out-file={work}/out", server, "--port", str(port), "--bind", "127.0.0.1",
+         "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                if cli(port, "PING").strip() == b"PONG":
+                    break
+            except subprocess.CalledProcessError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise SystemExit("redis-server under valgrind did not start")
+        if "local function check(KEYS, ARGV)" in source:
+            library = (f"#!lua name=count\n{source}\nredis.register_function{{function_name = "
+                       "'count', callback = check, flags = {'allow-cross-slot-keys'}}\n")
+            cli(port, "FUNCTION", "LOAD", library)
+            target = "fn:count"
+        else:
+            target = cli(port, "SCRIPT", "LOAD", source).decode().strip()
+        cli(port, "DEBUG", "POPULATE", "100000", "filler", "10")
+        cli(port, "--pipe", stdin=script_calls(target, algorithm, 50, "warm", negated))
+        subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True)
+        piped = cli(port, "--pipe", stdin=script_calls(target, algorithm, calls, "k", negated))
+        subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], capture_output=True)
+        subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True)
+        if b"errors: 0" not in piped:
+            raise SystemExit(f"the script calls failed: {piped.decode()}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    total = 0
+    for path in glob.glob(f"{work}/out*"):
+        for line in open(path):
+            if line.startswith("totals:"):
+                total += int(line.split()[1])
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        for path in glob.glob(f"{work}/out*"):
+            shutil.copy(path, os.path.join(keep, f"{algorithm}-{os.path.basename(path)}"))
+    shutil.rmtree(work)
+    return total / (calls * 10)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dirs", nargs="+", help="lua/ directories: this one, then others")
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--algorithms", default="sliding,bucket,fixed")
+    parser.add_argument("--callgrind-out", default=None)
+    args = parser.parse_args()
+    print("| algorithm | " + " | ".join(args.dirs) + " |")
+    print("|---|" + "---|" * len(args.dirs))
+    for algorithm in args.algorithms.split(","):
+        cells = []
+        for i, lua_dir in enumerate(args.dirs):
+            keep = args.callgrind_out and os.path.join(args.callgrind_out, str(i))
+            cells.append(count(lua_dir, algorithm, args.calls, keep))
+        ratio = f" (x {cells[0] / cells[1]:.2f})" if len(cells) > 1 else ""
+        print(f"| {algorithm} | " + " | ".join(f"{c:,.0f}" for c in cells) + ratio + " |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
