@@ -71,13 +71,32 @@ end
 -- A whole value from (index, count) pairs, every other slot zero (runs of zero slots made at
 -- once: a new key is one count among zeros).
 local function packed_build(width, n, total, last, pairs)
-  local at = {}
+  local at, slots = {}, {}
   for i = 1, #pairs, 2 do
     local index, count = pairs[i], pairs[i + 1]
     if count > 65535 then width = 4 end
-    at[index % SLOTS] = count
+    local slot = index % SLOTS
+    if at[slot] == nil then slots[#slots + 1] = slot end
+    at[slot] = count
   end
   local parts, zeros = {packed_header(width, n, total, last)}, 0
+  if #slots <= 8 then
+    -- A few live sub-windows (a key met now and then, its short form made whole): their slots in
+    -- order with the zeros between, not a step per slot (a Lua step costs Redis ~50 instructions).
+    table.sort(slots)
+    local from = 0
+    for k = 1, #slots do
+      local slot = slots[k]
+      local count = at[slot]
+      if count ~= 0 then
+        if slot > from then parts[#parts + 1] = string.rep('\0', (slot - from) * width) end
+        parts[#parts + 1] = be_bytes(count, width)
+        from = slot + 1
+      end
+    end
+    if from < SLOTS then parts[#parts + 1] = string.rep('\0', (SLOTS - from) * width) end
+    return table.concat(parts)
+  end
   for slot = 0, SLOTS - 1 do
     local count = at[slot]
     if count ~= nil and count ~= 0 then
