@@ -303,6 +303,15 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   return result
 end
 
+-- A key whose entry starts at `start` failed with `e`: the numbers written before the error are
+-- taken back, the error stands in their place and is recorded in `failed`.
+local function entry_failed(start, call, i, e)
+  for j = start + 1, sink_n do sink[j] = nil end
+  sink_n = start
+  sink[start] = error_text(e)
+  fail(call, i, e)
+end
+
 -- Runs key `i` of call `call` (`run`'s arguments) into the sink: its reply's length, then its
 -- numbers; an error leaves the key one string and is recorded in `failed`. Returns whether it
 -- passed (nil when it failed) and where its entry starts.
@@ -314,11 +323,7 @@ local function entry(at, now, charging, commit_charges, call, i, scratch)
     sink[start] = sink_n - start
     return allowed, start
   end
-  -- Numbers written before the error are taken back.
-  for j = start + 1, sink_n do sink[j] = nil end
-  sink_n = start
-  sink[start] = error_text(allowed)
-  fail(call, i, allowed)
+  entry_failed(start, call, i, allowed)
   return nil, start
 end
 
@@ -362,58 +367,76 @@ local function check(KEYS, ARGV)
       fail(call, nil, 'EXPIRED portcullis: the call reached Redis after its deadline; not run')
       decided = false
     end
-    -- An all-or-nothing call's look: each charge's entry in `look`, where it starts in `looks`.
-    local look, looks = nil, nil
-    if decided and (mode == 1 or mode == 3) then
-      -- Look first, on copies: a charge happens only if every charge of the call would pass.
-      commit_charges = true
-      local scratch = {}
-      look, looks = {}, {}
-      sink, sink_n = look, 0
-      for i = 0, count - 1 do
-        local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
-        if op < 10 or op > 20 then -- not a refund (11-13, 15, 16)
-          local at = a + KEY_BYTES * i
-          local allowed, start = entry(at, now, true, true, call, i + 1, scratch)
-          if allowed == nil then
-            -- Undecidable as a whole: nothing of it is charged.
-            fail(call, nil, look[start])
-            decided = false
-            break
-          end
-          looks[i + 1] = start
-          if allowed == 0 then commit_charges = false end
-        end
-      end
-      sink, sink_n = out, #out
+    -- The cold path's usual call: one charge, each alone, on a key no other check of the script
+    -- call names (its place negated): `quick`, without `entry` and `run` around it.
+    local op, unit, n2, n3, n4, n5, place = nil, nil, nil, nil, nil, nil, 0
+    if decided and mode == 0 and count == 1 then
+      op, unit, n2, n3, n4, n5, place = read_numbers(KEY_NUMBERS, numbers, a)
     end
-    -- Refunds and post-paid charges apply whatever the call's other charges answer (`run`).
-    local charging = mode == 0 or mode == 1
-    for i = 0, count - 1 do
-      if not decided then
-        -- Each key's place, filled with the call's error at the end.
-        sink_n = sink_n + 1
-        out[sink_n] = 0
+    if place < 0 and op >= 1 and op <= 3 then
+      local first = sink_n + 1
+      sink_n = first
+      local ok, allowed = pcall(quick, op, keys[-place], now, unit, n2, n3, n4, n5)
+      if ok then
+        sink[first] = sink_n - first
       else
-        -- A charge the look refused, not to be written (a post-paid one is, as a refund is).
-        local at = looks and looks[i + 1]
-        if at ~= nil and look[at + 1] == 0 then
+        entry_failed(first, call, 1, allowed)
+      end
+      a = a + KEY_BYTES
+    else
+      -- An all-or-nothing call's look: each charge's entry in `look`, where it starts in `looks`.
+      local look, looks = nil, nil
+      if decided and (mode == 1 or mode == 3) then
+        -- Look first, on copies: a charge happens only if every charge of the call would pass.
+        commit_charges = true
+        local scratch = {}
+        look, looks = {}, {}
+        sink, sink_n = look, 0
+        for i = 0, count - 1 do
           local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
-          if charging and (commit_charges or op > 10) then at = nil end
-        end
-        if at ~= nil and look[at + 1] == 0 then
-          -- Refused as a whole: a charge the look refused answers so (the second of two checks
-          -- on one key is refused there, not alone); the others answer as a probe would.
-          for j = at, at + look[at] do
-            sink_n = sink_n + 1
-            out[sink_n] = look[j]
+          if op < 10 or op > 20 then -- not a refund (11-13, 15, 16)
+            local at = a + KEY_BYTES * i
+            local allowed, start = entry(at, now, true, true, call, i + 1, scratch)
+            if allowed == nil then
+              -- Undecidable as a whole: nothing of it is charged.
+              fail(call, nil, look[start])
+              decided = false
+              break
+            end
+            looks[i + 1] = start
+            if allowed == 0 then commit_charges = false end
           end
+        end
+        sink, sink_n = out, #out
+      end
+      -- Refunds and post-paid charges apply whatever the call's other charges answer (`run`).
+      local charging = mode == 0 or mode == 1
+      for i = 0, count - 1 do
+        if not decided then
+          -- Each key's place, filled with the call's error at the end.
+          sink_n = sink_n + 1
+          out[sink_n] = 0
         else
-          entry(a + KEY_BYTES * i, now, charging, commit_charges, call, i + 1)
+          -- A charge the look refused, not to be written (a post-paid one is, as a refund is).
+          local at = looks and looks[i + 1]
+          if at ~= nil and look[at + 1] == 0 then
+            local op = read_numbers(NUMBER, numbers, a + KEY_BYTES * i)
+            if charging and (commit_charges or op > 10) then at = nil end
+          end
+          if at ~= nil and look[at + 1] == 0 then
+            -- Refused as a whole: a charge the look refused answers so (the second of two checks
+            -- on one key is refused there, not alone); the others answer as a probe would.
+            for j = at, at + look[at] do
+              sink_n = sink_n + 1
+              out[sink_n] = look[j]
+            end
+          else
+            entry(a + KEY_BYTES * i, now, charging, commit_charges, call, i + 1)
+          end
         end
       end
+      a = a + KEY_BYTES * count
     end
-    a = a + KEY_BYTES * count
   end
   flush_all()
   if fatal ~= nil then return redis.error_reply(fatal) end
