@@ -206,7 +206,7 @@ async fn cold_row(
 /// The decision script's definitions as `dir` (a `lua/` directory) holds them, joined as
 /// `script::SOURCE` joins them (an older `check.lua` runs one script call itself).
 fn source_of(dir: &str) -> String {
-    const PARTS: [&str; 8] = [
+    const PARTS: [&str; 9] = [
         "common",
         "sliding_packed",
         "sliding_window",
@@ -214,13 +214,18 @@ fn source_of(dir: &str) -> String {
         "fixed_window",
         "concurrency",
         "claims",
+        "held",
         "check",
     ];
     PARTS
         .iter()
-        .map(|p| {
+        .filter_map(|p| {
             let path = format!("{dir}/{p}.lua");
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+            // held.lua came out of check.lua: an older directory has none.
+            match std::fs::read_to_string(&path) {
+                Err(e) if *p == "held" && e.kind() == std::io::ErrorKind::NotFound => None,
+                read => Some(read.unwrap_or_else(|e| panic!("read {path}: {e}"))),
+            }
         })
         .collect()
 }

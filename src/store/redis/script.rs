@@ -31,6 +31,7 @@ macro_rules! definitions {
             include_str!("../../../lua/fixed_window.lua"),
             include_str!("../../../lua/concurrency.lua"),
             include_str!("../../../lua/claims.lua"),
+            include_str!("../../../lua/held.lua"),
             include_str!("../../../lua/check.lua"),
         )
     };
