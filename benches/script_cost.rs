@@ -52,7 +52,7 @@ fn evalsha_stats(port: u16) -> (f64, f64) {
 /// One call of the decision script deciding `checks`, each a call of its own (as a batch sends
 /// them): `sha` is the script's SHA for EVALSHA, or `fn:` and a function's name for FCALL;
 /// `plain:` before a SHA: an older script, which reads its keys' places as they are, not negated
-/// where a key is named once (`script::pack`).
+/// where a key is named once, and no mode 4 (`script::pack`).
 fn script_call(sha: &str, checks: &[Check]) -> redis::Cmd {
     let (sha, plain) = match sha.strip_prefix("plain:") {
         Some(sha) => (sha, true),
@@ -67,9 +67,14 @@ fn script_call(sha: &str, checks: &[Check]) -> redis::Cmd {
     }
     let mut packed = script::pack(&keys, &args, false).expect("arguments match the keys");
     if plain {
-        // Each call: four numbers, then seven per check, its key's place last.
+        // Each call: four numbers (its mode third: 4 is 0 to an older script), then seven per
+        // check, its key's place last.
         let mut at = 2;
         for _ in 0..checks.len() {
+            if number(&packed.numbers, at + 2) == script::ALONE_ONCE {
+                let mode = (at + 2) * 8;
+                packed.numbers[mode..mode + 8].copy_from_slice(&0i64.to_be_bytes());
+            }
             let count = number(&packed.numbers, at + 3);
             at += 4;
             for k in 0..count as usize {

@@ -26,7 +26,8 @@
 --   the call's mode: 0 each check charged alone, 1 all or nothing (if any charge would be
 --       refused, no charge is made; refunds apply), 2 probe (nothing is written), 3 the look of
 --       an all-or-nothing call (what 1 would answer, nothing written: Cluster's first step when
---       a call's keys live in several slots);
+--       a call's keys live in several slots), 4 the same as 0 for a call of one check whose key
+--       no other check of the script call names (its quick path);
 --   its number of keys;
 --   for each of its keys, seven numbers: the operation (1 sliding, 2 bucket, 3 fixed, 6
 --       concurrency; 11, 12, 13, 16 the same algorithms' refunds (16: slots released); 21, 22,
@@ -225,6 +226,9 @@ local function check(KEYS, ARGV)
   local modes = {}
   for call = 1, call_count do
     local now, expires, mode, count = read_numbers(CALL_HEAD, numbers, a)
+    -- 4: each alone (0), its one check on a key no other check of the script call names.
+    local once = mode == 4
+    if once then mode = 0 end
     if now == 0 then now = redis_now or clock(0) end
     a = a + CALL_HEAD_BYTES
     modes[call] = mode
@@ -239,7 +243,7 @@ local function check(KEYS, ARGV)
     -- The cold path's usual call: one charge, each alone, on a key no other check of the script
     -- call names (its place negated): `quick`, without `entry` and `run` around it.
     local op, unit, n2, n3, n4, n5, place = nil, nil, nil, nil, nil, nil, 0
-    if decided and mode == 0 and count == 1 then
+    if decided and once then
       op, unit, n2, n3, n4, n5, place = read_numbers(KEY_NUMBERS, numbers, a)
     end
     if place < 0 and op >= 1 and op <= 3 then

@@ -17,6 +17,7 @@ minute), per algorithm. Every process it starts is stopped before it returns.
     python3 benches/support/script_instructions.py lua /tmp/base/lua side by side
     ... --calls 300 --algorithms fixed,sliding,bucket --callgrind-out DIR (keep the profiles
     for callgrind_annotate)
+    ... --hot                        script calls of 64 calls on one key (the hot path)
 
 The places of the checks' keys are sent negated (each key is named once) to a script that reads
 them so, as `script::pack` sends them; plain to an older one.
@@ -53,20 +54,28 @@ def resp(*args):
     return b"".join(out)
 
 
-def script_calls(target, algorithm, calls, prefix, negated):
-    """`calls` script calls of 10 calls of one check each, every key new."""
+def script_calls(target, algorithm, calls, prefix, negated, hot):
+    """`calls` script calls of 10 calls of one check each, every key new; `hot`: of 64 calls on
+    one key (a hot key's batch)."""
     out = []
     n = 0
     for _ in range(calls):
-        keys, numbers = [], [10, 0]
-        for j in range(10):
+        if hot:
+            keys = [f"{prefix}{{hot}}"]
+            numbers = [64, 0]
+            for _ in range(64):
+                numbers += [0, 0, 0, 1] + CHECKS[algorithm](1)
+        else:
+            keys, numbers = [], [10, 0]
+        for j in range(0 if hot else 10):
             n += 1
             keys.append(f"{prefix}{{u{n}}}")
             place = -(j + 1) if negated else j + 1
-            numbers += [0, 0, 0, 1] + CHECKS[algorithm](place)
+            # Mode 4: each alone, on a key named once (script::ALONE_ONCE), where it is read.
+            numbers += [0, 0, 4 if negated else 0, 1] + CHECKS[algorithm](place)
         packed = struct.pack(">%dq" % len(numbers), *numbers)
         verb = "FCALL" if target.startswith("fn:") else "EVALSHA"
-        out.append(resp(verb, target.removeprefix("fn:"), 10, *keys, packed))
+        out.append(resp(verb, target.removeprefix("fn:"), len(keys), *keys, packed))
     return b"".join(out)
 
 
@@ -81,11 +90,11 @@ def cli(port, *args, stdin=None):
                           input=stdin, capture_output=True, check=True).stdout
 
 
-def count(lua_dir, algorithm, calls, keep):
+def count(lua_dir, algorithm, calls, keep, hot):
     source = "".join(open(os.path.join(lua_dir, f"{p}.lua")).read() for p in PARTS
                      if os.path.exists(os.path.join(lua_dir, f"{p}.lua")))
-    # Places negated where the script reads them so (since its quick path), as pack sends them.
-    negated = "if at < 0 then" in source
+    # Places negated and mode 4 where the script reads them so, as pack sends them.
+    negated = "if at < 0 then" in source and "local once = mode == 4" in source
     port = free_port()
     work = tempfile.mkdtemp(prefix="callgrind-")
     server = os.environ.get("REDIS_SERVER_BIN", "redis-server")
@@ -112,9 +121,9 @@ def count(lua_dir, algorithm, calls, keep):
         else:
             target = cli(port, "SCRIPT", "LOAD", source).decode().strip()
         cli(port, "DEBUG", "POPULATE", "100000", "filler", "10")
-        cli(port, "--pipe", stdin=script_calls(target, algorithm, 50, "warm", negated))
+        cli(port, "--pipe", stdin=script_calls(target, algorithm, 50, "warm", negated, hot))
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True)
-        piped = cli(port, "--pipe", stdin=script_calls(target, algorithm, calls, "k", negated))
+        piped = cli(port, "--pipe", stdin=script_calls(target, algorithm, calls, "k", negated, hot))
         subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], capture_output=True)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True)
         if b"errors: 0" not in piped:
@@ -132,7 +141,7 @@ def count(lua_dir, algorithm, calls, keep):
         for path in glob.glob(f"{work}/out*"):
             shutil.copy(path, os.path.join(keep, f"{algorithm}-{os.path.basename(path)}"))
     shutil.rmtree(work)
-    return total / (calls * 10)
+    return total / (calls * (64 if hot else 10))
 
 
 def main():
@@ -141,6 +150,8 @@ def main():
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--algorithms", default="sliding,bucket,fixed")
     parser.add_argument("--callgrind-out", default=None)
+    parser.add_argument("--hot", action="store_true",
+                        help="script calls of 64 calls on one key instead (per decision)")
     args = parser.parse_args()
     print("| algorithm | " + " | ".join(args.dirs) + " |")
     print("|---|" + "---|" * len(args.dirs))
@@ -148,7 +159,7 @@ def main():
         cells = []
         for i, lua_dir in enumerate(args.dirs):
             keep = args.callgrind_out and os.path.join(args.callgrind_out, str(i))
-            cells.append(count(lua_dir, algorithm, args.calls, keep))
+            cells.append(count(lua_dir, algorithm, args.calls, keep, args.hot))
         ratio = f" (x {cells[0] / cells[1]:.2f})" if len(cells) > 1 else ""
         print(f"| {algorithm} | " + " | ".join(f"{c:,.0f}" for c in cells) + ratio + " |")
     sys.stdout.flush()

@@ -167,6 +167,10 @@ impl ScriptClock {
 /// answer (the call's charges tried in order on copies), nothing written.
 pub const LOOK_ALL: i64 = 3;
 
+/// The mode `pack` gives a call of one check, each alone (0), whose key no other check of the
+/// script call names: check.lua runs it by its quick path without reading it twice.
+pub const ALONE_ONCE: i64 = 4;
+
 /// What the script is sent for a script call: its keys, each once, and its numbers as one
 /// binary argument (ARGV[1]).
 #[derive(Debug)]
@@ -202,11 +206,14 @@ pub fn pack<'a>(keys: &'a [String], args: &[i64], carried: bool) -> Result<Packe
     // by one check only is sent as its place negated (check.lua decides and writes it at once).
     let mut places: Vec<(usize, i64)> = Vec::with_capacity(keys.len());
     let mut named: Vec<u32> = Vec::with_capacity(keys.len());
+    // Calls of one check each alone: where their mode was written, and their key's place.
+    let mut single: Vec<(usize, i64)> = Vec::new();
     for _ in 0..*calls {
         let &[clock, deadline, mode, count, ref after @ ..] = rest else {
             return Err(mismatch());
         };
         let count = usize::try_from(count).map_err(|_| mismatch())?;
+        let mode_at = numbers.len() + 16;
         for n in [clock, deadline, mode, count as i64] {
             put(n, &mut numbers);
         }
@@ -226,6 +233,9 @@ pub fn pack<'a>(keys: &'a [String], args: &[i64], carried: bool) -> Result<Packe
             places.push((numbers.len(), at));
             named[at as usize - 1] += 1;
             put(at, &mut numbers);
+            if count == 1 && mode == 0 {
+                single.push((mode_at, at));
+            }
         }
         rest = &after[count * ARGS_PER_KEY..];
     }
@@ -235,6 +245,11 @@ pub fn pack<'a>(keys: &'a [String], args: &[i64], carried: bool) -> Result<Packe
     for (offset, at) in places {
         if named[at as usize - 1] == 1 {
             numbers[offset..offset + 8].copy_from_slice(&(-at).to_be_bytes());
+        }
+    }
+    for (offset, at) in single {
+        if named[at as usize - 1] == 1 {
+            numbers[offset..offset + 8].copy_from_slice(&ALONE_ONCE.to_be_bytes());
         }
     }
     if carried {

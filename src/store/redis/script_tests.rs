@@ -150,12 +150,15 @@ fn any_values_parse_or_fail_without_panicking() {
 
 #[test]
 fn a_key_named_by_several_checks_is_sent_once_and_each_check_says_where_it_is() {
-    let keys: Vec<String> = ["a", "b", "a", "a"].map(String::from).to_vec();
+    let keys: Vec<String> = ["a", "b", "a", "a", "c"].map(String::from).to_vec();
     // Two calls: keys a, b; then a, a. Clock, deadline, mode, count; six numbers per check.
-    let mut args = vec![2, 0, 0, 0, 0, 2];
+    let mut args = vec![3, 0, 0, 0, 0, 2];
     args.extend([1, 10, 11, 12, 13, 14, 2, 20, 21, 22, 23, 24]);
     args.extend([0, 0, 1, 2]);
     args.extend([3, 30, 31, 32, 33, 34, 13, 40, 41, 42, 43, 44]);
+    // A third call, of one check each alone on a key no other check names: mode 4.
+    args.extend([0, 0, 0, 1]);
+    args.extend([1, 50, 51, 52, 53, 54]);
     let numbers = |bytes: &[u8]| -> Vec<i64> {
         bytes
             .chunks(8)
@@ -163,16 +166,18 @@ fn a_key_named_by_several_checks_is_sent_once_and_each_check_says_where_it_is() 
             .collect()
     };
     let packed = pack(&keys, &args, false).unwrap();
-    assert_eq!(packed.keys, ["a", "b"]);
-    let mut want = vec![2, 0, 0, 0, 0, 2];
+    assert_eq!(packed.keys, ["a", "b", "c"]);
+    let mut want = vec![3, 0, 0, 0, 0, 2];
     // b is named by one check only: its place goes negated.
     want.extend([1, 10, 11, 12, 13, 14, 1, 2, 20, 21, 22, 23, 24, -2]);
     want.extend([0, 0, 1, 2]);
     want.extend([3, 30, 31, 32, 33, 34, 1, 13, 40, 41, 42, 43, 44, 1]);
+    want.extend([0, 0, 4, 1]);
+    want.extend([1, 50, 51, 52, 53, 54, -3]);
     assert_eq!(numbers(&packed.numbers), want);
     // Carried in ARGV: the second number counts the keys sent.
     let carried = pack(&keys, &args, true).unwrap();
-    assert_eq!(numbers(&carried.numbers)[1], 2);
+    assert_eq!(numbers(&carried.numbers)[1], 3);
     // Arguments that do not match the keys are refused before anything is sent.
     assert!(pack(&keys[..3], &args, false).is_err());
     assert!(pack(&keys, &args[..args.len() - 1], false).is_err());
