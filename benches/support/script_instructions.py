@@ -18,6 +18,8 @@ minute), per algorithm. Every process it starts is stopped before it returns.
     ... --calls 300 --algorithms fixed,sliding,bucket --callgrind-out DIR (keep the profiles
     for callgrind_annotate)
     ... --hot                        script calls of 64 calls on one key (the hot path)
+    ... --again-after 1500000        every key met once before, 1.5 s earlier on a fixed clock
+                                     (the sliding window's next sub-window of a second)
 
 The places of the checks' keys are sent negated (each key is named once) to a script that reads
 them so, as `script::pack` sends them; plain to an older one.
@@ -54,7 +56,7 @@ def resp(*args):
     return b"".join(out)
 
 
-def script_calls(target, algorithm, calls, prefix, negated, hot):
+def script_calls(target, algorithm, calls, prefix, negated, hot, now=0):
     """`calls` script calls of 10 calls of one check each, every key new; `hot`: of 64 calls on
     one key (a hot key's batch)."""
     out = []
@@ -72,7 +74,7 @@ def script_calls(target, algorithm, calls, prefix, negated, hot):
             keys.append(f"{prefix}{{u{n}}}")
             place = -(j + 1) if negated else j + 1
             # Mode 4: each alone, on a key named once (script::ALONE_ONCE), where it is read.
-            numbers += [0, 0, 4 if negated else 0, 1] + CHECKS[algorithm](place)
+            numbers += [now, 0, 4 if negated else 0, 1] + CHECKS[algorithm](place)
         packed = struct.pack(">%dq" % len(numbers), *numbers)
         verb = "FCALL" if target.startswith("fn:") else "EVALSHA"
         out.append(resp(verb, target.removeprefix("fn:"), len(keys), *keys, packed))
@@ -90,7 +92,7 @@ def cli(port, *args, stdin=None):
                           input=stdin, capture_output=True, check=True).stdout
 
 
-def count(lua_dir, algorithm, calls, keep, hot):
+def count(lua_dir, algorithm, calls, keep, hot, again_after):
     source = "".join(open(os.path.join(lua_dir, f"{p}.lua")).read() for p in PARTS
                      if os.path.exists(os.path.join(lua_dir, f"{p}.lua")))
     # Places negated and mode 4 where the script reads them so, as pack sends them.
@@ -122,8 +124,15 @@ def count(lua_dir, algorithm, calls, keep, hot):
             target = cli(port, "SCRIPT", "LOAD", source).decode().strip()
         cli(port, "DEBUG", "POPULATE", "100000", "filler", "10")
         cli(port, "--pipe", stdin=script_calls(target, algorithm, 50, "warm", negated, hot))
+        # Met again: the same keys first, at a fixed clock, then `again_after` µs later.
+        start = (int(time.time()) + 1) * 1_000_000 + 250_000
+        if again_after is not None:
+            cli(port, "--pipe",
+                stdin=script_calls(target, algorithm, calls, "k", negated, hot, start))
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True)
-        piped = cli(port, "--pipe", stdin=script_calls(target, algorithm, calls, "k", negated, hot))
+        now = 0 if again_after is None else start + again_after
+        piped = cli(port, "--pipe",
+                    stdin=script_calls(target, algorithm, calls, "k", negated, hot, now))
         subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], capture_output=True)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True)
         if b"errors: 0" not in piped:
@@ -150,6 +159,8 @@ def main():
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--algorithms", default="sliding,bucket,fixed")
     parser.add_argument("--callgrind-out", default=None)
+    parser.add_argument("--again-after", type=int, default=None, metavar="US",
+                        help="the keys met once before, this many µs earlier (a fixed clock)")
     parser.add_argument("--hot", action="store_true",
                         help="script calls of 64 calls on one key instead (per decision)")
     args = parser.parse_args()
@@ -159,7 +170,7 @@ def main():
         cells = []
         for i, lua_dir in enumerate(args.dirs):
             keep = args.callgrind_out and os.path.join(args.callgrind_out, str(i))
-            cells.append(count(lua_dir, algorithm, args.calls, keep, args.hot))
+            cells.append(count(lua_dir, algorithm, args.calls, keep, args.hot, args.again_after))
         ratio = f" (x {cells[0] / cells[1]:.2f})" if len(cells) > 1 else ""
         print(f"| {algorithm} | " + " | ".join(f"{c:,.0f}" for c in cells) + ratio + " |")
     sys.stdout.flush()
