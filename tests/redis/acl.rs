@@ -46,6 +46,17 @@ fn readme_acl() -> Vec<String> {
         .collect()
 }
 
+/// The Redis store at `url` as the user `portcullis` the tests make, every failure answered
+/// by denying (so that a refused command shows).
+fn as_acl_user(s: &mut portcullis::settings::Settings, url: String) {
+    s.store = StoreKind::Redis;
+    s.redis_url = Some(url);
+    s.redis_user = Some("portcullis".into());
+    s.redis_password = Some(Secret("s3cret".into()));
+    s.store_timeout = Duration::from_secs(2);
+    s.failure_mode = FailureMode::Deny;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_acl_is_all_the_service_needs() {
     let redis = RedisServer::start();
@@ -55,12 +66,7 @@ async fn the_readme_acl_is_all_the_service_needs() {
     assert_eq!(cli(redis.port, &args), "OK");
     let url = redis.url();
     let server = TestServer::start_with(&[("acl.yaml", RULES)], move |s| {
-        s.store = StoreKind::Redis;
-        s.redis_url = Some(url);
-        s.redis_user = Some("portcullis".into());
-        s.redis_password = Some(Secret("s3cret".into()));
-        s.store_timeout = Duration::from_secs(2);
-        s.failure_mode = FailureMode::Deny;
+        as_acl_user(s, url);
         s.admin_scaling = true;
         s.rlqs.rlqs = true;
     })
@@ -292,15 +298,7 @@ async fn an_acl_without_functions_is_served_by_scripts() {
     args.extend(acl.iter().map(String::as_str));
     assert_eq!(cli(redis.port, &args), "OK");
     let url = redis.url();
-    let server = TestServer::start_with(&[("acl.yaml", RULES)], move |s| {
-        s.store = StoreKind::Redis;
-        s.redis_url = Some(url);
-        s.redis_user = Some("portcullis".into());
-        s.redis_password = Some(Secret("s3cret".into()));
-        s.store_timeout = Duration::from_secs(2);
-        s.failure_mode = FailureMode::Deny;
-    })
-    .await;
+    let server = TestServer::start_with(&[("acl.yaml", RULES)], move |s| as_acl_user(s, url)).await;
     for key in ["sliding", "bucket", "fixed"] {
         for remaining in [4, 3] {
             let r = server.ok(request("acl", &[&[(key, "u")]])).await;
