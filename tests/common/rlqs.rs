@@ -288,3 +288,37 @@ pub async fn rls_takes_the_rest(server: &TestServer, id: &[(&str, &str)], limit:
     }
     admitted
 }
+
+/// RLQS served with a report every second and no pushes: the churn and reconnect tests' server.
+pub fn reports_every_second(s: &mut portcullis::settings::Settings) {
+    s.rlqs.rlqs = true;
+    s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
+    s.rlqs.rlqs_push_interval = Duration::ZERO;
+}
+
+/// After `granted` reconnected gateways' claims on `id` (domain `edge`, 3,600 an hour) were
+/// folded: a gateway at another address gets its part at its first report, then RLS takes the
+/// rest of the hour, less by the folded claims (each at least one request, the next gateway's
+/// another; at most 3 s at the whole rate each, of 24 streams).
+pub async fn next_gateway_and_rls_after_folds(
+    server: &TestServer,
+    id: &[(&str, &str)],
+    granted: usize,
+) {
+    let mut next = Gateway::open_from(server, [127, 0, 0, 2].into()).await;
+    let actions = next.report("edge", &[(id, 30, 0)]).await.unwrap();
+    assert!(
+        assigned(&actions[0]).starts_with("tokens"),
+        "{}",
+        assigned(&actions[0])
+    );
+    let admitted = rls_takes_the_rest(server, id, 3_600).await;
+    assert!(
+        admitted < 3_600 - granted,
+        "{admitted} admitted: the folded claims were not charged"
+    );
+    assert!(
+        admitted > 3_600 - 24 * 8,
+        "{admitted}: more than the claims were charged"
+    );
+}

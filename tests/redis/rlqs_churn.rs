@@ -8,7 +8,10 @@
 use std::time::Duration;
 
 use crate::common::redis::{RedisServer, cli, redis_settings};
-use crate::common::rlqs::{Gateway, assigned, churn, reconnects, tokens_per_second};
+use crate::common::rlqs::{
+    Gateway, assigned, churn, next_gateway_and_rls_after_folds, reconnects, reports_every_second,
+    tokens_per_second,
+};
 use crate::common::{TestServer, request};
 
 const RULES: &str = "\
@@ -58,9 +61,7 @@ async fn churned(each: bool) {
     let redis = RedisServer::start();
     let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
         redis_settings(s, &redis);
-        s.rlqs.rlqs = true;
-        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
-        s.rlqs.rlqs_push_interval = Duration::ZERO;
+        reports_every_second(s);
     })
     .await;
     // A descriptor as the churned one was before the churn: one gateway holding it.
@@ -120,9 +121,7 @@ async fn reconnecting_gateways_leave_only_live_streams_in_the_holder_table() {
     let redis = RedisServer::start();
     let server = TestServer::start_with(&[("edge.yaml", RULES)], |s| {
         redis_settings(s, &redis);
-        s.rlqs.rlqs = true;
-        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
-        s.rlqs.rlqs_push_interval = Duration::ZERO;
+        reports_every_second(s);
     })
     .await;
     let admin = server.running.as_ref().unwrap().admin_addr.port();
@@ -160,26 +159,8 @@ async fn reconnecting_gateways_leave_only_live_streams_in_the_holder_table() {
         granted as f64,
         "{metrics}"
     );
-    // A gateway at another address: its part at its first report (before RLS takes the rest
-    // of the hour below).
-    let mut next = Gateway::open_from(&server, [127, 0, 0, 2].into()).await;
-    let actions = next.report("edge", &[(id, 30, 0)]).await.unwrap();
-    assert!(
-        assigned(&actions[0]).starts_with("tokens"),
-        "{}",
-        assigned(&actions[0])
-    );
-    // Their claims are in the hour's counter now: what RLS may still take is less by them.
-    let admitted = crate::common::rlqs::rls_takes_the_rest(&server, id, 3_600).await;
-    // Each folded claim is at least one request (a rate over its assignment, rounded up), the
-    // next gateway's claim another; at most 3 s at the whole rate each.
-    assert!(
-        admitted < 3_600 - granted,
-        "{admitted} admitted: the folded claims were not charged"
-    );
-    assert!(
-        admitted > 3_600 - 24 * 8,
-        "{admitted}: more than the claims were charged"
-    );
+    // A gateway at another address: its part at its first report; their claims are in the
+    // hour's counter now, so what RLS may still take is less by them.
+    next_gateway_and_rls_after_folds(&server, id, granted).await;
     server.stop().await;
 }

@@ -3,6 +3,22 @@
 
 use super::*;
 
+/// RLQS on an hour's rule of 3,600 (domain `edge`, key `churned`), a report every second: the
+/// churn and reconnect tests' server.
+async fn churned_server() -> TestServer {
+    const RULE: &str = "\
+domain: edge
+descriptors:
+  - key: churned
+    rate_limit: {unit: hour, requests_per_unit: 3600}
+";
+    TestServer::start_with(
+        &[("edge.yaml", RULE)],
+        crate::common::rlqs::reports_every_second,
+    )
+    .await
+}
+
 /// A second gateway arriving on a rule the first holds whole is short of its fair part: the
 /// server pushes the first its smaller grant at once (within a push round), and
 /// the second its grown one, instead of both waiting for their next reports (Envoy 1.40: 5 s
@@ -208,18 +224,7 @@ async fn one_replicas_streams_hold_at_most_a_quarter_of_a_descriptors_slots() {
 #[tokio::test]
 async fn streams_churned_on_one_connection_or_new_ones_cannot_deny_a_descriptor_to_the_next_gateway()
  {
-    const RULE: &str = "\
-domain: edge
-descriptors:
-  - key: churned
-    rate_limit: {unit: hour, requests_per_unit: 3600}
-";
-    let server = TestServer::start_with(&[("edge.yaml", RULE)], |s| {
-        s.rlqs.rlqs = true;
-        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
-        s.rlqs.rlqs_push_interval = Duration::ZERO;
-    })
-    .await;
+    let server = churned_server().await;
     let admin = server.running.as_ref().unwrap().admin_addr.port();
     for (value, each) in [("d", false), ("e", true)] {
         let id: &[(&str, &str)] = &[("churned", value)];
@@ -250,18 +255,7 @@ descriptors:
 /// long rule's holder slots). What RLS may still take is less by those claims.
 #[tokio::test]
 async fn reconnecting_gateways_claims_are_folded_into_the_counters() {
-    const RULE: &str = "\
-domain: edge
-descriptors:
-  - key: churned
-    rate_limit: {unit: hour, requests_per_unit: 3600}
-";
-    let server = TestServer::start_with(&[("edge.yaml", RULE)], |s| {
-        s.rlqs.rlqs = true;
-        s.rlqs.rlqs_reporting_interval = Duration::from_secs(1);
-        s.rlqs.rlqs_push_interval = Duration::ZERO;
-    })
-    .await;
+    let server = churned_server().await;
     let admin = server.running.as_ref().unwrap().admin_addr.port();
     let id: &[(&str, &str)] = &[("churned", "r")];
     let granted = crate::common::rlqs::reconnects(&server, id, 24).await;
@@ -282,25 +276,7 @@ descriptors:
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // A gateway at another address: its part at its first report (before RLS takes the
-    // rest of the hour below).
-    let mut next = Gateway::open_from(&server, [127, 0, 0, 2].into()).await;
-    let actions = next.report("edge", &[(id, 30, 0)]).await.unwrap();
-    assert!(
-        assigned(&actions[0]).starts_with("tokens"),
-        "{}",
-        assigned(&actions[0])
-    );
-    let admitted = crate::common::rlqs::rls_takes_the_rest(&server, id, 3_600).await;
-    // Each folded claim is at least one request (a rate over its assignment, rounded up), the
-    // next gateway's claim another; at most 3 s at the whole rate each.
-    assert!(
-        admitted < 3_600 - granted,
-        "{admitted} admitted: the folded claims were not charged"
-    );
-    assert!(
-        admitted > 3_600 - 24 * 8,
-        "{admitted}: more than the claims were charged"
-    );
+    // A gateway at another address: its part at its first report, then RLS takes the rest.
+    crate::common::rlqs::next_gateway_and_rls_after_folds(&server, id, granted).await;
     server.stop().await;
 }
