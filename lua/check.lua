@@ -32,9 +32,11 @@
 --   for each of its keys, seven numbers: the operation (1 sliding, 2 bucket, 3 fixed, 6
 --       concurrency; 11, 12, 13, 16 the same algorithms' refunds (16: slots released); 21, 22,
 --       23 their post-paid charges: hits already consumed, recorded even when they do not fit,
---       the reply still saying whether they did; 5, 15, 25 the sliding window's 1, 11, 21 whose
---       new keys are made as hashes, 0.1.0's layout; 4 a blocked descriptor, refused; 1, 2, 3,
---       5, 21, 22, 23, 25 plus 100 plus 1000 times the window in milliseconds: the charge
+--       the reply still saying whether they did; 5, 15, 25, 7, 17, 27, 8, 18, 28 the sliding
+--       window's 1, 11, 21, the bucket's 2, 12, 22 and the fixed window's 3, 13, 23 whose new
+--       keys are made as hashes, 0.1.0's layout (common.lua's HASH_OPS); 4 a blocked
+--       descriptor, refused; 1, 2, 3, 5, 7, 8, 21, 22, 23, 25, 27, 28 plus 100 plus 1000 times
+--       the window in milliseconds: the charge
 --       counts the RLQS grants' claims on its descriptor, claims.lua, and its reply ends with
 --       one more number, 0 when no gateway holds any of it, else 1 + what they claim), five
 --       numbers whose meaning is the operation's (see `run`), and where
@@ -74,9 +76,11 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
   -- A place sent negated: no other check of the script call names this key.
   if at < 0 then
     at = -at
-    if op <= 3 and op >= 1 and charging and commit_charges and scratch == nil
+    local plain, prefer_hash = op, false
+    if HASH_OPS[op] then plain, prefer_hash = HASH_OPS[op], true end
+    if plain <= 3 and plain >= 1 and charging and commit_charges and scratch == nil
       and held[keys[at]] == nil then
-      return quick(op, keys[at], now, unit, n2, n3, n4, n5)
+      return quick(plain, keys[at], now, unit, n2, n3, n4, n5, prefer_hash)
     end
   end
   local key = keys[at]
@@ -91,9 +95,9 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
     local list = claims_on(key, now)
     held = 0
     if list then
-      -- 1 sliding (5, 21, 25 too), 2 bucket (22), 3 fixed (23).
+      -- 1 sliding (5, 21, 25 too), 2 bucket (7, 22, 27), 3 fixed (8, 23, 28).
       local algorithm = op % 20
-      if algorithm == 5 then algorithm = 1 end
+      algorithm = HASH_OPS[algorithm] or algorithm
       local claimed = claimed_of(list, algorithm, window, now)
       held = claimed + 1
       if algorithm == 2 then
@@ -109,15 +113,16 @@ local function run(a, now, charging, commit_charges, call, i, scratch)
     end
   end
   local commit = charging and (commit_charges or op > 10)
-  -- 5, 15, 25: the sliding window's 1, 11, 21 whose new keys are made in the hash layout.
-  local prefer_hash = op == 5 or op == 15 or op == 25
-  if prefer_hash then op = op - 4 end
+  -- 5, 7, 8 (15, 17, 18; 25, 27, 28): 1, 2, 3 (11, 12, 13; 21, 22, 23) whose new keys are made
+  -- in the hash layout.
+  local prefer_hash = false
+  if HASH_OPS[op] then op, prefer_hash = HASH_OPS[op], true end
   if op == 11 or op == 12 or op == 13 or op == 16 then
     write_back(key)
     if op == 11 then return sliding_refund(key, now, unit, n3, commit, prefer_hash) end
-    if op == 12 then return bucket_refund(key, now, unit, n2, n3, commit) end
+    if op == 12 then return bucket_refund(key, now, unit, n2, n3, commit, prefer_hash) end
     if op == 16 then return concurrency_refund(key, now, n3, commit) end
-    return fixed_refund(key, now, unit, n3, commit)
+    return fixed_refund(key, now, unit, n3, commit, prefer_hash)
   end
   -- A post-paid charge is its algorithm's charge that records what does not fit.
   local post_paid = op > 20
@@ -243,13 +248,28 @@ local function check(KEYS, ARGV)
     -- The cold path's usual call: one charge, each alone, on a key no other check of the script
     -- call names (its place negated): `quick`, without `entry` and `run` around it.
     local op, unit, n2, n3, n4, n5, place = nil, nil, nil, nil, nil, nil, 0
+    local prefer_hash = false
     if decided and once then
       op, unit, n2, n3, n4, n5, place = read_numbers(KEY_NUMBERS, numbers, a)
+      if HASH_OPS[op] then op, prefer_hash = HASH_OPS[op], true end
     end
     if place < 0 and op >= 1 and op <= 3 then
       local first = sink_n + 1
       sink_n = first
-      local ok, allowed = pcall(quick, op, keys[-place], now, unit, n2, n3, n4, n5)
+      -- A fixed window or a bucket whose new key is made as a string: fixed_quick or
+      -- bucket_quick, without a pcall (they return Redis' errors); anything else, or a key
+      -- stored as a hash, by `quick`.
+      local ok, allowed, e = true, nil, nil
+      if prefer_hash then
+      elseif op == 3 then
+        allowed, e = fixed_quick(keys[-place], now, unit, n2, n3)
+      elseif op == 2 then
+        allowed, e = bucket_quick(keys[-place], now, unit, n2, n3, n4, n5)
+      end
+      if e ~= nil then ok, allowed = false, e end
+      if ok and allowed == nil then
+        ok, allowed = pcall(quick, op, keys[-place], now, unit, n2, n3, n4, n5, prefer_hash)
+      end
       if ok then
         sink[first] = sink_n - first
       else

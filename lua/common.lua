@@ -41,3 +41,29 @@ local function reply_pair(index, count)
   sink[n + 1], sink[n + 2] = index, count
   sink_n = n + 2
 end
+
+-- Counters come in two layouts: a string (the sliding window's packed form, the fixed window's
+-- and the bucket's numbers; each written with its expiry by one SET) and 0.1.0's hash, which
+-- 0.1.0 replicas read. A key is read as it is stored; a new one is made in the layout its call
+-- prefers (`--redis-layout`).
+--
+-- The string `key` holds; false when it does not exist; nil and true for a hash (Redis answers
+-- GET WRONGTYPE). Any other error raises.
+local function stored_string(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' and raw.err then
+    if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, true end
+    error(raw)
+  end
+  return raw, false
+end
+
+-- A string of the length a layout never has: not a counter (another program shares the prefix).
+local function not_a_counter()
+  error({err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'})
+end
+
+-- The operations whose new keys are made as hashes (0.1.0's layout: 5, 7, 8 and their refunds
+-- and post-paid charges), each to the operation it is: 1 sliding, 2 bucket, 3 fixed.
+local HASH_OPS = {[5] = 1, [15] = 11, [25] = 21, [7] = 2, [17] = 12, [27] = 22, [8] = 3,
+  [18] = 13, [28] = 23}

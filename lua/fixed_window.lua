@@ -1,42 +1,71 @@
--- fixed_open(key, now_us, window_us) -> state; fixed_window(state, now_us, limit, hits, commit)
--- -> reply; fixed_flush(key, state, now_us, window_us)
+-- fixed_open(key, now_us, window_us, prefer_hash) -> state; fixed_window(state, now_us, limit,
+-- hits, commit) -> reply; fixed_flush(key, state, now_us, window_us); fixed_quick (below)
 --
--- The state transition of algorithm::fixed_window, on a hash {w = window index since the epoch,
--- c = hits admitted in it}. A window index below the stored one (the clock stepped back) keeps
--- counting in the stored window. Nothing is written when `commit` is false, when the hits are
--- refused, or when there are none; the state is read once and written once per key per script
--- call (check.lua keeps it between the calls).
+-- The state transition of algorithm::fixed_window on {window index since the epoch, hits
+-- admitted in it}, stored as a string of two big-endian 64-bit integers (one SET with its
+-- expiry) or as 0.1.0's hash {w, c} (common.lua's layouts). A window index below the stored one
+-- (the clock stepped back) keeps counting in the stored window. Nothing is written when `commit`
+-- is false, when the hits are refused, or when there are none; the state is read once and
+-- written once per key per script call (check.lua keeps it between the calls).
 --
 -- Replies (common.lua's `reply`) {allowed (0|1), now_us, window, count}, the
 -- state after the check.
 -- TTL: until the window ends.
-local function fixed_load(key, now, window_us)
+local FIXED = '>i8i8'
+local FIXED_BYTES = 16
+
+-- The stored window (nil: none), its count, and whether the key is (or is to be made) a hash.
+local function fixed_read(key, prefer_hash)
+  if prefer_hash then
+    local stored = redis.pcall('HMGET', key, 'w', 'c')
+    if stored.err == nil then return tonumber(stored[1]), tonumber(stored[2]) or 0, true end
+    if not string.find(stored.err, 'WRONGTYPE', 1, true) then error(stored) end
+  end
+  local raw, is_hash = stored_string(key)
+  if is_hash then
+    local stored = redis.call('HMGET', key, 'w', 'c')
+    return tonumber(stored[1]), tonumber(stored[2]) or 0, true
+  end
+  if not raw then return nil, 0, prefer_hash end
+  if #raw ~= FIXED_BYTES then not_a_counter() end
+  local window, count = struct.unpack(FIXED, raw)
+  return window, count, false
+end
+
+local function fixed_load(key, now, window_us, prefer_hash)
   local current = (now - math.fmod(now, window_us)) / window_us
-  local stored = redis.call('HMGET', key, 'w', 'c')
-  local stored_window = tonumber(stored[1])
-  local window, count = stored_window or 0, tonumber(stored[2]) or 0
+  local stored_window, count, is_hash = fixed_read(key, prefer_hash)
+  local window = stored_window or 0
   if current > window then window, count = current, 0 end
-  return window, count, stored_window
+  return window, count, stored_window, is_hash
 end
 
 -- The expiry is the window's end, the same for every write within a window: set only when the
 -- stored window changes (or the key is new).
-local function fixed_store(key, now, window_us, window, count, stored_window)
-  if count > 0 then
+local function fixed_store(key, now, window_us, window, count, stored_window, is_hash)
+  if count <= 0 then
+    redis.call('DEL', key)
+  elseif not is_hash then
+    if stored_window ~= window then
+      redis.call('SET', key, struct.pack(FIXED, window, count), 'PXAT',
+        expire_at_ms(now, (window + 1) * window_us - now))
+    else
+      redis.call('SET', key, struct.pack(FIXED, window, count), 'KEEPTTL')
+    end
+  else
     redis.call('HSET', key, 'w', int(window), 'c', int(count))
     if stored_window ~= window then
       redis.call('PEXPIREAT', key, expire_at_ms(now, (window + 1) * window_us - now))
     end
-  else
-    redis.call('DEL', key)
   end
 end
 
 -- The counter of `key` at `now`, held by check.lua for every call of the script call at the
 -- same clock reading; written once by fixed_flush.
-local function fixed_open(key, now, window_us)
-  local window, count, stored_window = fixed_load(key, now, window_us)
-  return {window = window, count = count, stored_window = stored_window, dirty = false}
+local function fixed_open(key, now, window_us, prefer_hash)
+  local window, count, stored_window, is_hash = fixed_load(key, now, window_us, prefer_hash)
+  return {window = window, count = count, stored_window = stored_window, hash = is_hash,
+    dirty = false}
 end
 
 local function fixed_window(s, now, limit, hits, commit, post_paid)
@@ -57,18 +86,63 @@ local function fixed_window(s, now, limit, hits, commit, post_paid)
 end
 
 local function fixed_flush(key, s, now, window_us)
-  if s.dirty then fixed_store(key, now, window_us, s.window, s.count, s.stored_window) end
+  if s.dirty then
+    fixed_store(key, now, window_us, s.window, s.count, s.stored_window, s.hash)
+  end
 end
 
--- fixed_refund(key, now_us, window_us, hits, commit): `hits` back to the current window's
--- counter, never below zero (algorithm::fixed_window::refund). Always allowed.
-local function fixed_refund(key, now, window_us, hits, commit)
-  local window, count, stored_window = fixed_load(key, now, window_us)
+-- fixed_refund(key, now_us, window_us, hits, commit, prefer_hash): `hits` back to the current
+-- window's counter, never below zero (algorithm::fixed_window::refund). Always allowed.
+local function fixed_refund(key, now, window_us, hits, commit, prefer_hash)
+  local window, count, stored_window, is_hash = fixed_load(key, now, window_us, prefer_hash)
   if commit then
     -- Written even when nothing was left to give back: an older window's count is dropped
     -- (the key is deleted), as the memory store drops its entry.
     count = math.max(count - hits, 0)
-    fixed_store(key, now, window_us, window, count, stored_window)
+    fixed_store(key, now, window_us, window, count, stored_window, is_hash)
   end
   return reply(1, now, window, count)
+end
+
+-- The cold path's usual check, a charge each alone on a key no other check of the script call
+-- names, when its new key is to be a string: read, decided and written at once, without a state
+-- table or pcall (a Lua pcall and a table cost as much as the decision). Returns allowed; nil
+-- and the error for a key Redis could not read or write (nothing of it is answered); nil, nil
+-- when the key is a hash (0.1.0's layout: `quick` decides it).
+local function fixed_quick(key, now, window_us, limit, hits)
+  local raw = redis.pcall('GET', key)
+  local current = (now - math.fmod(now, window_us)) / window_us
+  local count, kept = 0, false
+  if raw then
+    if type(raw) == 'table' then
+      if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil end
+      return nil, raw
+    end
+    if #raw ~= FIXED_BYTES then
+      return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+    end
+    local window, stored = struct.unpack(FIXED, raw)
+    -- The stored window's expiry stands while it is the one counted in.
+    if window >= current then current, count, kept = window, stored, true end
+  end
+  local n = sink_n
+  if count + hits > limit then
+    sink[n + 1], sink[n + 2], sink[n + 3], sink[n + 4] = 0, now, current, count
+    sink_n = n + 4
+    return 0
+  end
+  if hits > 0 then
+    local written
+    if kept then
+      written = redis.pcall('SET', key, struct.pack(FIXED, current, count + hits), 'KEEPTTL')
+    else
+      written = redis.pcall('SET', key, struct.pack(FIXED, current, count + hits), 'PXAT',
+        expire_at_ms(now, (current + 1) * window_us - now))
+    end
+    if written.err then return nil, written end
+    count = count + hits
+  end
+  sink[n + 1], sink[n + 2], sink[n + 3], sink[n + 4] = 1, now, current, count
+  sink_n = n + 4
+  return 1
 end

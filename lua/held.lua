@@ -86,11 +86,11 @@ local function state(key, op, now, p, prefer_hash)
   if op == 1 then
     s = sliding_open(key, now, p, prefer_hash)
   elseif op == 2 then
-    s = bucket_open(key, p)
+    s = bucket_open(key, p, prefer_hash)
   elseif op == 6 then
     s = concurrency_open(key, now)
   else
-    s = fixed_open(key, now, p)
+    s = fixed_open(key, now, p, prefer_hash)
   end
   -- wc, wi: the first call and key that changed it; more: any others, as flat pairs (most keys
   -- have one writer: no table for it).
@@ -99,23 +99,23 @@ local function state(key, op, now, p, prefer_hash)
   return h
 end
 
--- A charge of the sliding window (packed when new), the bucket or the fixed window, each alone
+-- A charge of the sliding window, the bucket or the fixed window, each alone
 -- (no claims counted, not post-paid), on a key no other check of the script call names: the
 -- state read, decided and written at once, as `state` and `flush` would, without holding it (the
 -- cold path: a rule keyed by user meets a new counter on almost every call). A refused write
 -- raises, failing the key (`entry`), as a held state's failed write fails its writers.
-local function quick(op, key, now, unit, n2, n3, n4, n5)
+local function quick(op, key, now, unit, n2, n3, n4, n5, prefer_hash)
   local s, result
   if op == 3 then
-    s = fixed_open(key, now, unit)
+    s = fixed_open(key, now, unit, prefer_hash)
     result = fixed_window(s, now, n2, n3, true, false)
     fixed_flush(key, s, now, unit)
   elseif op == 2 then
-    s = bucket_open(key, unit)
+    s = bucket_open(key, unit, prefer_hash)
     result = token_bucket(s, now, n2, n3, n4, n5, unit, true, false, nil, nil)
     bucket_flush(key, s, now, unit)
   else
-    s = sliding_open(key, now, unit, false)
+    s = sliding_open(key, now, unit, prefer_hash)
     result = sliding_window(s, key, now, n2, n3, true, false)
     sliding_flush(key, s, now, unit)
   end

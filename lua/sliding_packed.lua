@@ -1,7 +1,7 @@
 -- The sliding window's packed layout: one string per key, a third of the hash layout's memory
 -- (a busy minute key: about 136 bytes of value instead of a 64-field hash). Used by
 -- sliding_window.lua's functions for a key that holds a string, or that does not exist yet when
--- the call prefers it (every call, unless --redis-sliding-layout hash).
+-- the call prefers it (every call, unless --redis-layout hash).
 --
 -- Layout (big-endian integers):
 --   byte 1        the width of a sub-window's count, 2 or 4 bytes (4 once a count passes 65535),

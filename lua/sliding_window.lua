@@ -4,7 +4,7 @@
 --
 -- Two layouts of one state: packed (sliding_packed.lua, a string) and the hash below. A key is
 -- read in the layout it is stored in, whatever the call prefers; a new key is made in the one the
--- call prefers (packed, unless --redis-sliding-layout hash: replicas of 0.1.0 read only hashes).
+-- call prefers (packed, unless --redis-layout hash: replicas of 0.1.0 read only hashes).
 --
 -- The state transition of algorithm::sliding_window, on a hash: one field per live sub-window
 -- (its index since the epoch = the hits admitted in it), and three bookkeeping fields: `t` the
@@ -73,19 +73,13 @@ local function hash_open(key, current)
     loaded_last = last, leaving = leaving, dirty = false, stored = nil}
 end
 
--- Which layout `key` is stored in: its string (packed), or `nil, true` for a hash (WRONGTYPE),
--- or false when it does not exist.
+-- Which layout `key` is stored in: its string (packed), or `nil, true` for a hash, or false when
+-- it does not exist.
 local function sliding_stored(key)
-  local raw = redis.pcall('GET', key)
-  if type(raw) == 'table' and raw.err then
-    if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, true end
-    error(raw)
-  end
-  if raw and not packed_valid(raw) then
-    -- A string Portcullis did not write (another program shares the prefix): never decided on.
-    error({err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'})
-  end
-  return raw, false
+  local raw, is_hash = stored_string(key)
+  -- A string Portcullis did not write (another program shares the prefix): never decided on.
+  if raw and not packed_valid(raw) then not_a_counter() end
+  return raw, is_hash
 end
 
 local function sliding_open(key, now, sub_us, prefer_hash)

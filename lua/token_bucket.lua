@@ -1,9 +1,9 @@
--- bucket_open(key, requests) -> state; token_bucket(state, now_us, cost_q, cost_r, tolerance_q,
+-- bucket_open(key, requests, prefer_hash) -> state; token_bucket(state, now_us, cost_q, cost_r, tolerance_q,
 -- tolerance_r, requests, commit, post_paid, claim_q, claim_r) -> reply; bucket_flush(key,
 -- state, now_us, requests)
 --
--- The state transition of algorithm::token_bucket (GCRA), on a hash {t = TAT whole microseconds,
--- f = fraction in units of 1/r us, r = the requests f is counted in}. Rust splits the cost
+-- The state transition of algorithm::token_bucket (GCRA), on {t = TAT whole microseconds, f =
+-- fraction in units of 1/r us, r = the requests f is counted in}. Rust splits the cost
 -- (hits * window / requests) and the tolerance (burst * window / requests) into quotient and
 -- remainder with 128-bit integers, so this script only adds and compares integers below 2^53,
 -- where Lua's doubles are exact. A fraction counted in another rate (a reload changed the rule's
@@ -15,28 +15,56 @@
 -- Replies (common.lua's `reply`) {allowed (0|1), now_us, tat_us, frac}, the
 -- state after the check (frac in `requests`).
 -- TTL: until the bucket is full again (TAT), rounded up to the millisecond.
-local function bucket_load(key, requests)
-  local stored = redis.call('HMGET', key, 't', 'f', 'r')
+--
+-- Stored as a string (one SET with its expiry) of big-endian 64-bit integers, t alone when f is
+-- 0, else t, f, r; or as 0.1.0's hash {t, f, r} (common.lua's layouts).
+local function bucket_read(key, prefer_hash)
+  if prefer_hash then
+    local stored = redis.pcall('HMGET', key, 't', 'f', 'r')
+    if stored.err == nil then return stored, true end
+    if not string.find(stored.err, 'WRONGTYPE', 1, true) then error(stored) end
+  end
+  local raw, is_hash = stored_string(key)
+  if is_hash then return redis.call('HMGET', key, 't', 'f', 'r'), true end
+  if not raw then return {}, prefer_hash end
+  if #raw == 8 then return {(struct.unpack('>i8', raw))}, false end
+  if #raw ~= 24 then not_a_counter() end
+  return {struct.unpack('>i8i8i8', raw)}, false
+end
+
+-- The bucket's TAT and fraction in `requests`, and whether the key is (or is to be made) a hash.
+local function bucket_load(key, requests, prefer_hash)
+  local stored, is_hash = bucket_read(key, prefer_hash)
   local tat, frac = tonumber(stored[1]) or 0, tonumber(stored[2]) or 0
   if frac > 0 and tonumber(stored[3]) ~= requests then tat, frac = tat + 1, 0 end
-  return tat, frac
+  return tat, frac, is_hash
 end
 
 -- keep: kept at least until then (RLQS grants claim part of the bucket: check_claimed reads
 -- its TAT past full), or nil.
-local function bucket_store(key, now, requests, tat, frac, keep)
-  redis.call('HSET', key, 't', int(tat), 'f', int(frac), 'r', int(requests))
+local function bucket_store(key, now, requests, tat, frac, keep, is_hash)
   local ttl_us = tat - now
   if frac > 0 then ttl_us = ttl_us + 1 end
   if keep ~= nil and keep - now > ttl_us then ttl_us = keep - now end
+  if not is_hash then
+    local value
+    if frac == 0 then
+      value = struct.pack('>i8', tat)
+    else
+      value = struct.pack('>i8i8i8', tat, frac, requests)
+    end
+    redis.call('SET', key, value, 'PXAT', expire_at_ms(now, ttl_us))
+    return
+  end
+  redis.call('HSET', key, 't', int(tat), 'f', int(frac), 'r', int(requests))
   redis.call('PEXPIREAT', key, expire_at_ms(now, ttl_us))
 end
 
 -- The bucket of `key` in `requests`, held by check.lua for every call of the script call at
 -- the same clock reading and rate; written once by bucket_flush.
-local function bucket_open(key, requests)
-  local tat, frac = bucket_load(key, requests)
-  return {tat = tat, frac = frac, dirty = false}
+local function bucket_open(key, requests, prefer_hash)
+  local tat, frac, is_hash = bucket_load(key, requests, prefer_hash)
+  return {tat = tat, frac = frac, hash = is_hash, dirty = false}
 end
 
 -- The bucket (tat, frac) as if the RLQS grants had drawn their claim (span claim_q, claim_r):
@@ -100,13 +128,13 @@ local function token_bucket(s, now, cost_q, cost_r, tol_q, tol_r, requests, comm
 end
 
 local function bucket_flush(key, s, now, requests)
-  if s.dirty then bucket_store(key, now, requests, s.tat, s.frac, s.keep) end
+  if s.dirty then bucket_store(key, now, requests, s.tat, s.frac, s.keep, s.hash) end
 end
 
--- bucket_refund(key, now_us, requests, back_q, back_r, commit): TAT moves earlier by the span of
+-- bucket_refund(key, now_us, requests, back_q, back_r, commit, prefer_hash): TAT moves earlier by the span of
 -- the hits given back, never before now (algorithm::token_bucket::refund). Always allowed.
-local function bucket_refund(key, now, requests, back_q, back_r, commit)
-  local tat, frac = bucket_load(key, requests)
+local function bucket_refund(key, now, requests, back_q, back_r, commit, prefer_hash)
+  local tat, frac, is_hash = bucket_load(key, requests, prefer_hash)
   if not commit then return reply(1, now, tat, frac) end
   local borrow = 0
   if frac < back_r then borrow = 1 end
@@ -116,6 +144,52 @@ local function bucket_refund(key, now, requests, back_q, back_r, commit)
     redis.call('DEL', key)
     return reply(1, now, 0, 0)
   end
-  bucket_store(key, now, requests, tat, frac)
+  bucket_store(key, now, requests, tat, frac, nil, is_hash)
   return reply(1, now, tat, frac)
+end
+
+-- The cold path's usual check (fixed_window.lua's fixed_quick says which): a charge each alone,
+-- not post-paid, no claims counted, on a key to be made as a string. Returns allowed; nil and
+-- the error for a key Redis could not read or write; nil, nil for a key stored as a hash.
+local function bucket_quick(key, now, requests, cost_q, cost_r, tol_q, tol_r)
+  local raw = redis.pcall('GET', key)
+  local tat, frac = 0, 0
+  if raw then
+    if type(raw) == 'table' then
+      if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil end
+      return nil, raw
+    end
+    if #raw == 8 then
+      tat = struct.unpack('>i8', raw)
+    elseif #raw == 24 then
+      local rate
+      tat, frac, rate = struct.unpack('>i8i8i8', raw)
+      if frac > 0 and rate ~= requests then tat, frac = tat + 1, 0 end
+    else
+      return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+    end
+  end
+  local n = sink_n
+  sink_n = n + 4
+  sink[n + 1], sink[n + 2], sink[n + 3], sink[n + 4] = 0, now, tat, frac
+  if cost_q < 0 then return 0 end
+  local next_t, next_f = now + cost_q, cost_r
+  if tat > now or (tat == now and frac > 0) then next_t, next_f = tat + cost_q, frac + cost_r end
+  if next_f >= requests then next_t, next_f = next_t + 1, next_f - requests end
+  local ahead = next_t - now
+  if ahead > tol_q or (ahead == tol_q and next_f > tol_r) then return 0 end
+  sink[n + 1] = 1
+  -- Nothing spent (no hits): nothing changes.
+  if cost_q == 0 and cost_r == 0 then return 1 end
+  local written
+  if next_f == 0 then
+    written = redis.pcall('SET', key, struct.pack('>i8', next_t), 'PXAT',
+      expire_at_ms(now, ahead))
+  else
+    written = redis.pcall('SET', key, struct.pack('>i8i8i8', next_t, next_f, requests), 'PXAT',
+      expire_at_ms(now, ahead + 1))
+  end
+  if written.err then return nil, written end
+  sink[n + 3], sink[n + 4] = next_t, next_f
+  return 1
 end

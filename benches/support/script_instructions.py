@@ -20,6 +20,10 @@ minute), per algorithm. Every process it starts is stopped before it returns.
     ... --hot                        script calls of 64 calls on one key (the hot path)
     ... --again-after 1500000        every key met once before, 1.5 s earlier on a fixed clock
                                      (the sliding window's next sub-window of a second)
+    ... --hash                       new keys made in 0.1.0's hash layout (`--redis-layout
+                                     hash`, 0.2's default): operations 5, 7, 8 where the script
+                                     has them (HASH_OPS), else 5 for the sliding window (older
+                                     scripts made only hashes for the other two)
 
 The places of the checks' keys are sent negated (each key is named once) to a script that reads
 them so, as `script::pack` sends them; plain to an older one.
@@ -56,7 +60,15 @@ def resp(*args):
     return b"".join(out)
 
 
-def script_calls(target, algorithm, calls, prefix, negated, hot, now=0):
+def hash_op(numbers, source):
+    """The check's operation in its hash-layout form, as `script::prefer_hash_layout` sends it."""
+    op = numbers[0]
+    if "HASH_OPS" in source:
+        return [{1: 5, 2: 7, 3: 8}[op]] + numbers[1:]
+    return [5 if op == 1 else op] + numbers[1:]
+
+
+def script_calls(target, algorithm, calls, prefix, negated, hot, now=0, layout=None):
     """`calls` script calls of 10 calls of one check each, every key new; `hot`: of 64 calls on
     one key (a hot key's batch)."""
     out = []
@@ -66,7 +78,7 @@ def script_calls(target, algorithm, calls, prefix, negated, hot, now=0):
             keys = [f"{prefix}{{hot}}"]
             numbers = [64, 0]
             for _ in range(64):
-                numbers += [0, 0, 0, 1] + CHECKS[algorithm](1)
+                numbers += [0, 0, 0, 1] + layout(CHECKS[algorithm](1))
         else:
             keys, numbers = [], [10, 0]
         for j in range(0 if hot else 10):
@@ -74,7 +86,7 @@ def script_calls(target, algorithm, calls, prefix, negated, hot, now=0):
             keys.append(f"{prefix}{{u{n}}}")
             place = -(j + 1) if negated else j + 1
             # Mode 4: each alone, on a key named once (script::ALONE_ONCE), where it is read.
-            numbers += [now, 0, 4 if negated else 0, 1] + CHECKS[algorithm](place)
+            numbers += [now, 0, 4 if negated else 0, 1] + layout(CHECKS[algorithm](place))
         packed = struct.pack(">%dq" % len(numbers), *numbers)
         verb = "FCALL" if target.startswith("fn:") else "EVALSHA"
         out.append(resp(verb, target.removeprefix("fn:"), len(keys), *keys, packed))
@@ -92,11 +104,12 @@ def cli(port, *args, stdin=None):
                           input=stdin, capture_output=True, check=True).stdout
 
 
-def count(lua_dir, algorithm, calls, keep, hot, again_after):
+def count(lua_dir, algorithm, calls, keep, hot, again_after, hash_layout):
     source = "".join(open(os.path.join(lua_dir, f"{p}.lua")).read() for p in PARTS
                      if os.path.exists(os.path.join(lua_dir, f"{p}.lua")))
     # Places negated and mode 4 where the script reads them so, as pack sends them.
     negated = "if at < 0 then" in source and "local once = mode == 4" in source
+    layout = (lambda n: hash_op(n, source)) if hash_layout else (lambda n: n)
     port = free_port()
     work = tempfile.mkdtemp(prefix="callgrind-")
     server = os.environ.get("REDIS_SERVER_BIN", "redis-server")
@@ -123,16 +136,16 @@ def count(lua_dir, algorithm, calls, keep, hot, again_after):
         else:
             target = cli(port, "SCRIPT", "LOAD", source).decode().strip()
         cli(port, "DEBUG", "POPULATE", "100000", "filler", "10")
-        cli(port, "--pipe", stdin=script_calls(target, algorithm, 50, "warm", negated, hot))
+        cli(port, "--pipe", stdin=script_calls(target, algorithm, 50, "warm", negated, hot, 0, layout))
         # Met again: the same keys first, at a fixed clock, then `again_after` µs later.
         start = (int(time.time()) + 1) * 1_000_000 + 250_000
         if again_after is not None:
             cli(port, "--pipe",
-                stdin=script_calls(target, algorithm, calls, "k", negated, hot, start))
+                stdin=script_calls(target, algorithm, calls, "k", negated, hot, start, layout))
         subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], capture_output=True)
         now = 0 if again_after is None else start + again_after
         piped = cli(port, "--pipe",
-                    stdin=script_calls(target, algorithm, calls, "k", negated, hot, now))
+                    stdin=script_calls(target, algorithm, calls, "k", negated, hot, now, layout))
         subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], capture_output=True)
         subprocess.run(["callgrind_control", "-d", str(proc.pid)], capture_output=True)
         if b"errors: 0" not in piped:
@@ -163,6 +176,8 @@ def main():
                         help="the keys met once before, this many µs earlier (a fixed clock)")
     parser.add_argument("--hot", action="store_true",
                         help="script calls of 64 calls on one key instead (per decision)")
+    parser.add_argument("--hash", action="store_true",
+                        help="new keys in 0.1.0's hash layout (--redis-layout hash)")
     args = parser.parse_args()
     print("| algorithm | " + " | ".join(args.dirs) + " |")
     print("|---|" + "---|" * len(args.dirs))
@@ -170,7 +185,8 @@ def main():
         cells = []
         for i, lua_dir in enumerate(args.dirs):
             keep = args.callgrind_out and os.path.join(args.callgrind_out, str(i))
-            cells.append(count(lua_dir, algorithm, args.calls, keep, args.hot, args.again_after))
+            cells.append(count(lua_dir, algorithm, args.calls, keep, args.hot, args.again_after,
+                               args.hash))
         ratio = f" (x {cells[0] / cells[1]:.2f})" if len(cells) > 1 else ""
         print(f"| {algorithm} | " + " | ".join(f"{c:,.0f}" for c in cells) + ratio + " |")
     sys.stdout.flush()

@@ -92,7 +92,7 @@ pub(super) fn limiter(
             tracing::info!(redis = ?config, prefix = %settings.key_prefix, "using Redis");
             let store = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
                 .map_err(|e| StartError::Settings(e.to_string()))?
-                .with_sliding_layout(settings.redis_sliding_layout);
+                .with_layout(settings.redis_layout);
             spawn_probe(store.clone(), settings.redis_connect_timeout * 2);
             store.count_claims(tally.clone(), settings.rlqs.rlqs);
             let own_grants = (settings.failure_mode == FailureMode::Local)
@@ -109,7 +109,7 @@ pub(super) fn limiter(
                     let config = redis_config(&per_second)?;
                     tracing::info!(redis = ?config, "per-second limits in their own Redis");
                     let fast = RedisStore::new(&config, &settings.key_prefix, metrics.clone())
-                        .map(|s| s.with_sliding_layout(settings.redis_sliding_layout))
+                        .map(|s| s.with_layout(settings.redis_layout))
                         .map_err(|e| StartError::Settings(e.to_string()))?;
                     spawn_probe(fast.clone(), settings.redis_connect_timeout * 2);
                     Box::new(SplitStore::new(Box::new(store), Box::new(fast)))

@@ -15,7 +15,7 @@ use crate::algorithm::Algorithm;
 use crate::limiter::FailureMode;
 use crate::service::HeadersMode;
 use crate::service::admin::Routes;
-use crate::store::redis::SlidingLayout;
+use crate::store::redis::Layout;
 use crate::telemetry::LogFormat;
 
 mod cli;
@@ -195,19 +195,21 @@ pub struct Settings {
     /// Connections in the standalone/Sentinel pool (each multiplexed; see BENCHMARKS.md).
     #[arg(long, env = "PORTCULLIS_REDIS_POOL_SIZE", default_value_t = 2)]
     pub redis_pool_size: u32,
-    /// How new sliding-window counters are stored in Redis: `hash` (0.1.0's layout, the default
-    /// in 0.2: replicas of 0.1.0 read only hashes, so a rolling update from 0.1.0 shares every
-    /// budget in one rollout) or `packed` (one string, a third of the memory: set it once no
-    /// replica of 0.1.0 shares the Redis). Either layout is read as it is stored.
+    /// How new counters (sliding window, fixed window, token bucket) are stored in Redis: `hash`
+    /// (0.1.0's layout, the default in 0.2: replicas of 0.1.0 read only hashes, so a rolling
+    /// update from 0.1.0 shares every budget in one rollout) or `packed` (one string per counter,
+    /// written with its expiry by one command: a third of a sliding window's memory, less Redis
+    /// CPU a new counter; set it once no replica of 0.1.0 shares the Redis). Either layout is
+    /// read as it is stored.
     #[arg(
         long,
-        env = "PORTCULLIS_REDIS_SLIDING_LAYOUT",
+        env = "PORTCULLIS_REDIS_LAYOUT",
         default_value = "hash",
         value_parser = PossibleValuesParser::new(["packed", "hash"]).map(|l| {
-            if l == "hash" { SlidingLayout::Hash } else { SlidingLayout::Packed }
+            if l == "hash" { Layout::Hash } else { Layout::Packed }
         })
     )]
-    pub redis_sliding_layout: SlidingLayout,
+    pub redis_layout: Layout,
     /// Replicas that must have a script call's writes before its answer stands (Redis `WAIT`
     /// after each call, within its --store-timeout, on every Redis used, a per-second one too):
     /// a call not acknowledged in time is answered by --failure-mode, so no admitted hit is lost

@@ -80,6 +80,17 @@ pub fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// A fixed window's stored count as text, in either layout (a string of the window index and
+/// the count, 8 bytes big-endian each; 0.1.0's hash {w, c}); "" when there is no key.
+pub fn fixed_count(port: u16, key: &str) -> String {
+    const READ: &str = "local kind = redis.call('TYPE', KEYS[1]).ok \
+        if kind == 'hash' then return redis.call('HGET', KEYS[1], 'c') end \
+        if kind ~= 'string' then return false end \
+        local _, count = struct.unpack('>i8i8', redis.call('GET', KEYS[1])) \
+        return string.format('%d', count)";
+    cli(port, &["EVAL", READ, "1", key])
+}
+
 /// Polls `ready` every 50 ms until it holds or `limit` passes.
 pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;

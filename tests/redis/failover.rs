@@ -123,7 +123,7 @@ async fn admitted_around_a_failover(lag: u64, wait_replicas: u32) -> (u64, u64) 
     }
     let replicated = (LIMIT - lag).to_string();
     let stored = format!("f:{}", check.key);
-    while cli(replica.port, &["HGET", &stored, "c"]) != replicated {
+    while common::redis::fixed_count(replica.port, &stored) != replicated {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "never replicated"

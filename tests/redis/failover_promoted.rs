@@ -91,7 +91,7 @@ async fn admitted_again_after_a_sentinel_failover(lag: u64) -> u64 {
     let stored = format!("s:{}", check.key);
     let replicated = (LIMIT - lag).to_string();
     common::redis::wait_until("the hits replicated", Duration::from_secs(10), || {
-        cli(replica, &["HGET", &stored, "c"]) == replicated
+        common::redis::fixed_count(replica, &stored) == replicated
     });
     spend_the_lag_on_the_master_alone(&link, direct, &check, lag).await;
     setup.master.kill();

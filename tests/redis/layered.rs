@@ -455,7 +455,7 @@ descriptors:
         // Both layers were charged all three times: the day holds 120.
         if on_redis {
             let key = format!("portcullis:{{llm|tenant={tenant}}}:fw:86400000000us");
-            assert_eq!(common::redis::cli(redis.port, &["HGET", &key, "c"]), "120");
+            assert_eq!(common::redis::fixed_count(redis.port, &key), "120");
         } else {
             server.clock.advance_us(120_000_000);
             let r = server.ok(check()).await;

@@ -236,7 +236,7 @@ fn replica(
         "--redis-url",
         url.as_str(),
         // The sub-window a replica wrote is read from the packed counter's header.
-        "--redis-sliding-layout",
+        "--redis-layout",
         "packed",
     ];
     let envs: Vec<(&str, String)> = fake_offset.map_or(Vec::new(), |offset| {

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 pub use clock::RedisClock;
 pub use config::{RedisConfig, SentinelAuth, TCP_USER_TIMEOUT, Topology, redact_url};
 pub use errors::classify;
-pub use script::{ScriptClock, SlidingLayout};
+pub use script::{Layout, ScriptClock};
 
 use self::connection::Backend;
 use self::probe::probe_node;
@@ -59,7 +59,7 @@ pub struct RedisStore {
     node_batcher: Option<cluster_batch::NodeBatcher>,
     prefix: String,
     /// How new sliding-window keys are stored.
-    sliding_layout: script::SlidingLayout,
+    layout: script::Layout,
     /// Replicas each script call waits for (`--redis-wait-replicas`; 0: none): readiness also
     /// asks whether the user may send WAIT.
     wait_replicas: u32,
@@ -107,7 +107,7 @@ impl RedisStore {
             batcher,
             node_batcher,
             prefix: key_prefix.to_owned(),
-            sliding_layout: script::SlidingLayout::default(),
+            layout: script::Layout::default(),
             wait_replicas: config.wait_replicas,
             metrics,
             quota_log: Arc::default(),
@@ -117,8 +117,8 @@ impl RedisStore {
     }
 
     /// New sliding-window keys made in `layout` (every key is read as it is stored).
-    pub fn with_sliding_layout(mut self, layout: script::SlidingLayout) -> Self {
-        self.sliding_layout = layout;
+    pub fn with_layout(mut self, layout: script::Layout) -> Self {
+        self.layout = layout;
         self
     }
 
@@ -294,7 +294,7 @@ impl RedisStore {
         let keys: Vec<String> = checks.iter().map(|c| self.redis_key(c)).collect();
         let mut args: Vec<i64> = Vec::with_capacity(4 + checks.len() * script::ARGS_PER_KEY);
         script::push_call(checks, clock, 0, mode, &mut args);
-        if self.sliding_layout == script::SlidingLayout::Hash {
+        if self.layout == script::Layout::Hash {
             script::prefer_hash_layout(&mut args);
         }
         if claims {

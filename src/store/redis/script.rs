@@ -75,27 +75,33 @@ pub const POST_PAID_OP: i64 = 20;
 /// all-or-nothing call): always refused, its key never read or written.
 pub const BLOCKED_OP: i64 = 4;
 
-/// How the sliding window's counters are stored in Redis. Either is read as it is stored; this
-/// says how a new key is made.
+/// How new counters are stored in Redis (the sliding window's, the fixed window's and the token
+/// bucket's). Either is read as it is stored; this says how a new key is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SlidingLayout {
-    /// One string of packed counts (`lua/sliding_packed.lua`): a third of the hash's memory.
+pub enum Layout {
+    /// One string per counter, written with its expiry by one `SET`: the sliding window's packed
+    /// counts (`lua/sliding_packed.lua`: a third of the hash's memory), the fixed window's and the
+    /// bucket's numbers (a cold decision's write is one command, not `HSET` and `PEXPIREAT`).
     #[default]
     Packed,
-    /// A hash of one field per sub-window: what Portcullis 0.1.0 reads and writes, for a rolling
-    /// update from it (its replicas cannot read a packed key).
+    /// Hashes: what Portcullis 0.1.0 reads and writes, for a rolling update from it (its
+    /// replicas cannot read a string).
     Hash,
 }
 
-/// Turns one call's sliding-window operations (1, 11, 21) into their hash-layout forms (5, 15,
-/// 25) in `args` (one call as `push_call` wrote it): new keys of the call are made as hashes.
+/// Turns one call's charges, refunds and post-paid charges of the sliding window (1, 11, 21),
+/// the bucket (2, 12, 22) and the fixed window (3, 13, 23) into their hash-layout forms (5, 15,
+/// 25; 7, 17, 27; 8, 18, 28) in `args` (one call as `push_call` wrote it): new keys of the call
+/// are made as hashes.
 pub fn prefer_hash_layout(args: &mut [i64]) {
     let count = args.get(3).map_or(0, |&c| usize::try_from(c).unwrap_or(0));
     for i in 0..count {
-        if let Some(op) = args.get_mut(4 + i * ARGS_PER_KEY)
-            && matches!(*op, 1 | 11 | 21)
-        {
-            *op += 4;
+        if let Some(op) = args.get_mut(4 + i * ARGS_PER_KEY) {
+            match *op % 10 {
+                1 if *op <= 21 => *op += 4,
+                2 | 3 if *op <= 23 => *op += 5,
+                _ => {}
+            }
         }
     }
 }
@@ -125,7 +131,7 @@ pub fn count_claims(args: &mut [i64], checks: &[&Check]) {
             continue;
         }
         if let Some(op) = args.get_mut(4 + i * ARGS_PER_KEY)
-            && matches!(*op, 1 | 2 | 3 | 5 | 21 | 22 | 23 | 25)
+            && matches!(*op, 1 | 2 | 3 | 5 | 7 | 8 | 21 | 22 | 23 | 25 | 27 | 28)
         {
             let window_ms = i64::try_from(check.limit.window_us / 1_000).unwrap_or(0);
             *op += CLAIMS_OP + 1_000 * window_ms;

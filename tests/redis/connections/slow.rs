@@ -124,7 +124,7 @@ async fn a_slow_cluster_node_fails_only_its_own_checks() {
         s.failure_mode = FailureMode::Deny;
         s.deny_cache = false;
         // The healthy node's total is read from the packed counter's header below.
-        s.redis_sliding_layout = portcullis::store::redis::SlidingLayout::Packed;
+        s.redis_layout = portcullis::store::redis::Layout::Packed;
     })
     .await;
     let both = request("c", &[&[("k", first)], &[("k", &second)]]);

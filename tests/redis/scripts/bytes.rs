@@ -23,10 +23,10 @@ async fn a_busy_sliding_window_key_fits_in_320_bytes_and_both_layouts_share_a_bu
         post_paid: false,
     };
     let mut usage = Vec::new();
-    for (layout, prefix) in [(SlidingLayout::Packed, "p:"), (SlidingLayout::Hash, "h:")] {
+    for (layout, prefix) in [(Layout::Packed, "p:"), (Layout::Hash, "h:")] {
         let store = connected_store(Topology::Standalone(redis.url()), prefix)
             .await
-            .with_sliding_layout(layout);
+            .with_layout(layout);
         let busy = [check("busy")];
         // One hit in each of the 61 sub-windows (a second each): every one live.
         for second in 0..61 {
@@ -64,7 +64,7 @@ async fn a_busy_sliding_window_key_fits_in_320_bytes_and_both_layouts_share_a_bu
     }];
     let old = connected_store(Topology::Standalone(redis.url()), "r:")
         .await
-        .with_sliding_layout(SlidingLayout::Hash);
+        .with_layout(Layout::Hash);
     let new = connected_store(Topology::Standalone(redis.url()), "r:").await;
     assert!(decide(&old, &shared, ScriptClock::Fixed(FUTURE_US)).await[0].allowed);
     let on_new = decide(&new, &shared, ScriptClock::Fixed(FUTURE_US + 1)).await;

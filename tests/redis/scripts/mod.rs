@@ -21,7 +21,7 @@ use crate::common::{TestServer, request};
 use portcullis::algorithm::{Algorithm, ChargeMode, Check, Limit, key};
 use portcullis::clock::ManualClock;
 use portcullis::store::MemoryStore;
-use portcullis::store::redis::{ScriptClock, SlidingLayout, Topology};
+use portcullis::store::redis::{Layout, ScriptClock, Topology};
 
 /// 2100-01-01: a fixed script clock in the future, so keys never expire by wall time mid-test.
 const FUTURE_US: u64 = 4_102_444_800_000_000;

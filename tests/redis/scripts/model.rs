@@ -11,7 +11,7 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
     // 0.1.0, for a rolling update): each reads the other's keys as they are stored.
     let hashed = connected_store(Topology::Standalone(redis.url()), "model:")
         .await
-        .with_sliding_layout(SlidingLayout::Hash);
+        .with_layout(Layout::Hash);
     let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
     let mut conn = plain_connection(redis.port).await;
     let mut rng = Rng(0x5EED_1234_ABCD_0001);

@@ -45,20 +45,36 @@ pub(super) async fn assert_times(conn: &mut redis::aio::MultiplexedConnection, s
     }
 }
 
-/// A fixed window: the end of the window the call counted in (the stored `w`, or the current
-/// one if the clock stepped back past it); a refused charge waits for it, unless it asks more
+/// A fixed window: the end of the window the call counted in (the stored window, in either
+/// layout, or the current one if the clock stepped back past it); a refused charge waits for it, unless it asks more
 /// than the limit (waiting never helps).
 async fn fixed(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
     seen: &Seen<'_>,
 ) -> Option<(u64, Option<u64>)> {
-    let stored: Option<u64> = redis::cmd("HGET")
+    let kind: String = redis::cmd("TYPE")
         .arg(key)
-        .arg("w")
         .query_async(conn)
         .await
-        .expect("HGET");
+        .expect("TYPE");
+    let stored: Option<u64> = if kind == "string" {
+        // The string layout: the window index, then the count, each 8 bytes big-endian.
+        let raw: Vec<u8> = redis::cmd("GET")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .expect("GET");
+        assert_eq!(raw.len(), 16, "a fixed window's string");
+        Some(u64::from_be_bytes(raw[..8].try_into().expect("8 bytes")))
+    } else {
+        redis::cmd("HGET")
+            .arg(key)
+            .arg("w")
+            .query_async(conn)
+            .await
+            .expect("HGET")
+    };
     let stored = stored?;
     let (w, now) = (seen.check.limit.window_us, seen.now);
     let reset = (stored.max(now / w) + 1) * w - now;
@@ -166,14 +182,7 @@ async fn bucket(
     seen: &Seen<'_>,
 ) -> Option<(u64, Option<u64>)> {
     let limit = &seen.check.limit;
-    let (t, f, r): (Option<u64>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
-        .arg(key)
-        .arg("t")
-        .arg("f")
-        .arg("r")
-        .query_async(conn)
-        .await
-        .expect("HMGET");
+    let (t, f, r) = bucket_state(conn, key).await;
     let (mut t, mut f) = (t.unwrap_or(0), f.unwrap_or(0));
     // A fraction counted in another rate (a reload) is a whole microsecond more.
     if f > 0 && r != Some(limit.requests) {
@@ -196,4 +205,41 @@ async fn bucket(
         cap(wanted.saturating_sub(u128::from(limit.burst) * window)).max(1)
     });
     Some((reset, retry))
+}
+
+/// A bucket's stored (t, f, r) in either layout: 0.1.0's hash, or the string of big-endian
+/// 64-bit integers (t alone when f is 0: f then reads as 0, r as none).
+async fn bucket_state(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> (Option<u64>, Option<u64>, Option<u64>) {
+    let kind: String = redis::cmd("TYPE")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("TYPE");
+    if kind != "string" {
+        return redis::cmd("HMGET")
+            .arg(key)
+            .arg("t")
+            .arg("f")
+            .arg("r")
+            .query_async(conn)
+            .await
+            .expect("HMGET");
+    }
+    let raw: Vec<u8> = redis::cmd("GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("GET");
+    let at = |i: usize| {
+        raw.get(i * 8..i * 8 + 8)
+            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")))
+    };
+    match raw.len() {
+        8 => (at(0), Some(0), None),
+        24 => (at(0), at(1), at(2)),
+        n => panic!("a bucket's string of {n} bytes"),
+    }
 }

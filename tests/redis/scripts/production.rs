@@ -33,9 +33,15 @@ async fn the_production_path_reads_redis_time_not_the_callers_clock() {
     // The fixed window the script wrote is today's window by Redis' own TIME.
     let time = cli(redis.port, &["TIME"]);
     let redis_secs: u64 = time.lines().next().unwrap().parse().unwrap();
-    let stored_window: u64 = cli(redis.port, &["HGET", "t:{clock}", "w"])
-        .parse()
+    // The string layout (the store's default): the window index, then the count, each 8 bytes.
+    let mut conn = plain_connection(redis.port).await;
+    let raw: Vec<u8> = redis::cmd("GET")
+        .arg("t:{clock}")
+        .query_async(&mut conn)
+        .await
         .unwrap();
+    assert_eq!(raw.len(), 16, "{raw:?}");
+    let stored_window = u64::from_be_bytes(raw[..8].try_into().unwrap());
     assert_eq!(stored_window, redis_secs / 86_400);
 }
 

@@ -81,7 +81,7 @@ async fn old_replica(
 
 /// Old and new replicas alternate on one descriptor of 5 a minute: 3 on the old, 3 refused on
 /// the new (2 left), 2 on the new, 1 refused on the old. Every algorithm 0.1.0 had; the sliding
-/// window with the new replicas writing 0.1.0's layout (`--redis-sliding-layout hash`), as
+/// window with the new replicas writing 0.1.0's layout (`--redis-layout hash`), as
 /// docs/redis.md's first rollout says.
 #[tokio::test]
 async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() {
@@ -89,7 +89,7 @@ async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() 
     let mut conn = plain_connection(redis.port).await;
     let new = connected_store(Topology::Standalone(redis.url()), "u:")
         .await
-        .with_sliding_layout(SlidingLayout::Hash);
+        .with_layout(Layout::Hash);
     for algorithm in [
         Algorithm::SlidingWindow,
         Algorithm::FixedWindow,
@@ -126,37 +126,46 @@ async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() 
         );
     }
 
-    // The packed layout (`--redis-sliding-layout packed`) is a string 0.1.0 cannot read: an old
-    // replica answers the key with an error (its failure mode then decides: fail open by
-    // default), which is why it is not the default while 0.1.0 replicas may share the Redis.
+    // The packed layout (`--redis-layout packed`) makes strings 0.1.0 cannot read, for every
+    // algorithm: an old replica answers the key with an error (its failure mode then decides:
+    // fail open by default), which is why it is not the default while 0.1.0 replicas may share
+    // the Redis.
     let packed = connected_store(Topology::Standalone(redis.url()), "p:").await;
-    let sliding = Limit {
-        algorithm: Algorithm::SlidingWindow,
-        requests: 5,
-        window_us: 60_000_000,
-        burst: 5,
-    };
-    let check = Check {
-        key: key::counter_key("up", [("user", "packed")], &sliding, None),
-        limit: sliding,
-        hits: 1,
-        refund: false,
-        post_paid: false,
-    };
-    assert!(
-        decide(
-            &packed,
-            std::slice::from_ref(&check),
-            ScriptClock::Fixed(FUTURE_US)
-        )
-        .await[0]
-            .allowed
-    );
-    let old = old_replica(&mut conn, &packed.redis_key(&check), &check, FUTURE_US + 1).await;
-    assert!(
-        matches!(&old, Err(e) if e.contains("WRONGTYPE")),
-        "0.1.0 on a packed key: {old:?}"
-    );
+    for algorithm in [
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        let five = Limit {
+            algorithm,
+            requests: 5,
+            window_us: 60_000_000,
+            burst: 5,
+        };
+        let check = Check {
+            key: key::counter_key("up", [("user", "packed")], &five, None),
+            limit: five,
+            hits: 1,
+            refund: false,
+            post_paid: false,
+        };
+        assert!(
+            decide(
+                &packed,
+                std::slice::from_ref(&check),
+                ScriptClock::Fixed(FUTURE_US)
+            )
+            .await[0]
+                .allowed
+        );
+        let key = packed.redis_key(&check);
+        assert_eq!(cli(redis.port, &["TYPE", &key]), "string", "{algorithm:?}");
+        let old = old_replica(&mut conn, &key, &check, FUTURE_US + 1).await;
+        assert!(
+            matches!(&old, Err(e) if e.contains("WRONGTYPE")),
+            "{algorithm:?}: 0.1.0 on a packed key: {old:?}"
+        );
+    }
 }
 
 /// The rule both replicas of a rolling update decide in the binary tests below.
