@@ -256,19 +256,22 @@ local function check(KEYS, ARGV)
     if place < 0 and op >= 1 and op <= 3 then
       local first = sink_n + 1
       sink_n = first
-      -- A fixed window or a bucket whose new key is made as a string: fixed_quick or
-      -- bucket_quick, without a pcall (they return Redis' errors); anything else, or a key
-      -- stored as a hash, by `quick`.
-      local ok, allowed, e = true, nil, nil
+      -- A key whose new form is a string: fixed_quick, bucket_quick or sliding_quick, without
+      -- a pcall (they return Redis' errors); a key stored as a hash, a sliding window's full
+      -- form or the hash layout by `quick` (given the sliding window's string when read).
+      local ok, allowed, e, raw = true, nil, nil, nil
       if prefer_hash then
+        allowed = nil
       elseif op == 3 then
         allowed, e = fixed_quick(keys[-place], now, unit, n2, n3)
       elseif op == 2 then
         allowed, e = bucket_quick(keys[-place], now, unit, n2, n3, n4, n5)
+      else
+        allowed, e, raw = sliding_quick(keys[-place], now, unit, n2, n3)
       end
       if e ~= nil then ok, allowed = false, e end
       if ok and allowed == nil then
-        ok, allowed = pcall(quick, op, keys[-place], now, unit, n2, n3, n4, n5, prefer_hash)
+        ok, allowed = pcall(quick, op, keys[-place], now, unit, n2, n3, n4, n5, prefer_hash, raw)
       end
       if ok then
         sink[first] = sink_n - first

@@ -17,9 +17,14 @@ else
   int = function(n) return string.format('%d', n) end
 end
 
--- The expiry, as PEXPIREAT and PXAT take it (digits).
+-- The expiry, as PEXPIREAT and PXAT take it (digits). The last one made is kept: the new keys of
+-- one rule in a script call share their expiry (a fixed window's end, a new bucket's span), so
+-- one is printed, not one a key. A memo of a pure function, right in any later call too.
+local expiry_ms, expiry_digits = nil, nil
 local function expire_at_ms(now, ttl_us)
-  return int(math.ceil((now + math.max(ttl_us, 1000)) / 1000))
+  local ms = math.ceil((now + math.max(ttl_us, 1000)) / 1000)
+  if ms ~= expiry_ms then expiry_ms, expiry_digits = ms, int(ms) end
+  return expiry_digits
 end
 
 

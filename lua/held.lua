@@ -103,8 +103,9 @@ end
 -- (no claims counted, not post-paid), on a key no other check of the script call names: the
 -- state read, decided and written at once, as `state` and `flush` would, without holding it (the
 -- cold path: a rule keyed by user meets a new counter on almost every call). A refused write
--- raises, failing the key (`entry`), as a held state's failed write fails its writers.
-local function quick(op, key, now, unit, n2, n3, n4, n5, prefer_hash)
+-- raises, failing the key (`entry`), as a held state's failed write fails its writers. `raw`: the
+-- sliding window's string as sliding_quick read it, if it did.
+local function quick(op, key, now, unit, n2, n3, n4, n5, prefer_hash, raw)
   local s, result
   if op == 3 then
     s = fixed_open(key, now, unit, prefer_hash)
@@ -115,7 +116,12 @@ local function quick(op, key, now, unit, n2, n3, n4, n5, prefer_hash)
     result = token_bucket(s, now, n2, n3, n4, n5, unit, true, false, nil, nil)
     bucket_flush(key, s, now, unit)
   else
-    s = sliding_open(key, now, unit, prefer_hash)
+    if raw then
+      -- Read and checked by sliding_quick already.
+      s = packed_open(raw, (now - math.fmod(now, unit)) / unit)
+    else
+      s = sliding_open(key, now, unit, prefer_hash)
+    end
     result = sliding_window(s, key, now, n2, n3, true, false)
     sliding_flush(key, s, now, unit)
   end

@@ -271,3 +271,62 @@ local function packed_refund(key, raw, now, sub_us, current, hits, commit)
   end
   return reply(1, now, kept_total, kept_last)
 end
+
+-- The cold path's usual check (fixed_window.lua's fixed_quick says which) on a key to be made
+-- packed, where the state is the short form's: a new key, or one whose hits all lie in the
+-- sub-window now counted in (the clock's or a newer stored one). Read, decided and written at
+-- once, as packed_open, sliding_window and packed_flush would. Returns allowed; nil and the error
+-- for a key Redis could not read or write; nil, nil, and what GET read (false: no key, nil: a
+-- hash) for any other state, which `quick` decides.
+local function sliding_quick(key, now, sub_us, limit, hits)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' then
+    if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil, nil end
+    return nil, raw
+  end
+  local current = (now - math.fmod(now, sub_us)) / sub_us
+  local n, count = current, 0
+  if raw then
+    if #raw ~= SHORT_BYTES or string.byte(raw, 1) ~= 1 then
+      if not packed_valid(raw) then
+        return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+      end
+      return nil, nil, raw
+    end
+    local _
+    _, n, count = struct.unpack(SHORT, raw)
+    -- A sub-window past the stored one: older hits stay live beside the new ones (`quick`).
+    if current > n then return nil, nil, raw end
+  end
+  local at = sink_n
+  if count + hits > limit then
+    -- Refused: the total, the newest sub-window holding hits and the live ones (its own).
+    if count > 0 then
+      sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 0, now, count, n
+      sink[at + 5], sink[at + 6] = n, count
+      sink_n = at + 6
+    else
+      sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 0, now, 0, 0
+      sink_n = at + 4
+    end
+    return 0
+  end
+  if hits > 0 then
+    -- The short form holds a count of 4 bytes.
+    if count + hits > 4294967295 then return nil, nil, raw end
+    count = count + hits
+    local written
+    if raw then
+      written = redis.pcall('SET', key, struct.pack(SHORT, 1, n, count), 'KEEPTTL')
+    else
+      written = redis.pcall('SET', key, struct.pack(SHORT, 1, n, count), 'PXAT',
+        expire_at_ms(now, (n + SLOTS) * sub_us - now))
+    end
+    if written.err then return nil, written end
+  end
+  local last = 0
+  if count > 0 then last = n end
+  sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 1, now, count, last
+  sink_n = at + 4
+  return 1
+end

@@ -19,6 +19,9 @@
 //!   cargo bench --bench load -- --only standalone,replicated,replicated-wait
 //!   cargo bench --bench load -- --only memory,standalone,standalone-hot
 //!   cargo bench --bench load -- --only cluster,cluster-hot
+//!   cargo bench --bench load -- --only standalone-packed,cluster-packed --scenario "distinct keys"
+//!                                                  + new counters as strings (--redis-layout
+//!                                                  packed; an older build as far as it can)
 //!                                                  + a master with a replica, without and with
 //!                                                  --redis-wait-replicas 1 (named only)
 //!
@@ -173,6 +176,23 @@ fn main() {
             }),
         ));
     }
+    // New counters as strings (`--redis-layout packed`: the layout once no 0.1.0 replica shares
+    // the Redis; the default, `hash`, is 0.1.0's): only when `--only` names it.
+    if options.names("standalone-packed") {
+        let path = path.clone();
+        stores.push((
+            "standalone Redis, packed layout",
+            Box::new(move |binary| {
+                let redis = RedisServer::start();
+                let mut args: Vec<String> = ["--store", "redis", "--redis-url", &redis.url()]
+                    .map(String::from)
+                    .into();
+                args.extend(Server::packed_layout_args(binary));
+                let server = Server::portcullis(binary, &path, &args);
+                (server, vec![redis.port], Box::new(redis))
+            }),
+        ));
+    }
     // Hot counters decided in the replica from its claims (--hot-descriptor-rate): only when
     // `--only` names it.
     if options.names("standalone-hot") {
@@ -242,6 +262,24 @@ fn main() {
                 let cluster = RedisCluster::start_with_replicas(0);
                 let seeds = cluster.seeds().join(",");
                 let args = ["--store", "redis", "--redis-cluster", &seeds].map(String::from);
+                let server = Server::portcullis(binary, &path, &args);
+                let ports = cluster.nodes.iter().map(|n| n.port).collect();
+                (server, ports, Box::new(cluster))
+            }),
+        ));
+    }
+    // The same in the packed layout: only when `--only` names it.
+    if options.names("cluster-packed") {
+        let path = path.clone();
+        stores.push((
+            "Redis Cluster (3 masters), packed layout",
+            Box::new(move |binary| {
+                let cluster = RedisCluster::start_with_replicas(0);
+                let seeds = cluster.seeds().join(",");
+                let mut args: Vec<String> = ["--store", "redis", "--redis-cluster", &seeds]
+                    .map(String::from)
+                    .into();
+                args.extend(Server::packed_layout_args(binary));
                 let server = Server::portcullis(binary, &path, &args);
                 let ports = cluster.nodes.iter().map(|n| n.port).collect();
                 (server, ports, Box::new(cluster))

@@ -30,6 +30,23 @@ impl Server {
         }
     }
 
+    /// The arguments that make `binary` write new counters as strings (`--redis-layout packed`),
+    /// as far as it can: an older build knows only the sliding window's
+    /// (`--redis-sliding-layout packed`), the oldest none (its only layout). Read from its help.
+    pub fn packed_layout_args(binary: &Path) -> Vec<String> {
+        let help = Command::new(binary)
+            .args(["serve", "--help"])
+            .output()
+            .expect("portcullis serve --help");
+        let help = String::from_utf8_lossy(&help.stdout);
+        ["--redis-layout", "--redis-sliding-layout"]
+            .into_iter()
+            .find(|flag| help.contains(&format!("{flag} ")))
+            .map_or(Vec::new(), |flag| {
+                vec![flag.to_owned(), "packed".to_owned()]
+            })
+    }
+
     pub fn portcullis(binary: &Path, dir: &Path, store_args: &[String]) -> Server {
         let (grpc, admin) = (free_port(), free_port());
         let log = dir.join(format!("portcullis-{grpc}.log"));

@@ -186,9 +186,18 @@ async fn a_replica_with_its_default_settings_shares_a_sliding_window_with_0_1_0(
     let redis = RedisServer::start();
     let rules = crate::common::cli::dir_with(&[("up.yaml", FIVE_A_MINUTE)]);
     let url = redis.url();
+    // Its defaults but the store's deadline: a call late on a loaded machine must not be answered
+    // by the failure mode (nothing written) instead of deciding.
     let server = crate::common::process::ServeProcess::spawn(
         rules.path(),
-        &["--store", "redis", "--redis-url", url.as_str()],
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            url.as_str(),
+            "--store-timeout",
+            "2s",
+        ],
         &[],
         &[],
     );
