@@ -7,9 +7,11 @@
 //!   that reads TIME and writes one key can cost.
 //!
 //! Per scenario it prints decisions/s, latency percentiles, the service's CPU per decision (from
-//! `/proc/PID/stat`), Redis' CPU per decision (`INFO commandstats`), and each as a ratio to its
-//! ceiling. Every answer is checked (a gRPC error or a wrong code fails the run), and so are the
-//! service's own counters against the generator's count.
+//! `/proc/PID/stat`), Redis' µs per decision (`INFO commandstats`: wall time inside the script,
+//! which a saturated shared machine stretches) and the redis-server processes' CPU per decision
+//! (`/proc/PID/stat`: only time on a core, the requests' reading and the replies' writing too),
+//! and each as a ratio to its ceiling. Every answer is checked (a gRPC error or a wrong code
+//! fails the run), and so are the service's own counters against the generator's count.
 //!
 //!   cargo bench --bench load                       every store and scenario, 8 s each
 //!   cargo bench --bench load -- --seconds 3 --only memory,standalone --scenario "fixed window"
@@ -139,6 +141,7 @@ fn main() {
         name: "null server",
         server: &null,
         redis_ports: Vec::new(),
+        redis_pids: Vec::new(),
     };
     let null_row = runtime.block_on(measure(&null_target, ALL[0], &options, None));
     if options.full {
@@ -328,11 +331,12 @@ fn main() {
             .collect();
         let targets: Vec<Target> = started
             .iter()
-            .map(|(label, server, ports, ..)| Target {
+            .map(|(label, server, ports, _, pids, _)| Target {
                 binary: label,
                 name,
                 server,
                 redis_ports: ports.clone(),
+                redis_pids: pids.clone(),
             })
             .collect();
         let mut peaks = vec![None; targets.len()];

@@ -17,6 +17,10 @@ pub struct Row {
     pub server_us: f64,
     pub redis_us: Option<f64>,
     pub redis_us_per_script: Option<f64>,
+    /// CPU of the redis-server processes (`/proc/PID/stat`, user + system) per decision: the
+    /// script and the rest (reading requests, writing replies), never time the process waited
+    /// for a core (commandstats' `usec` is wall time inside the command).
+    pub redis_cpu_us: Option<f64>,
     pub check: String,
 }
 
@@ -25,6 +29,18 @@ pub struct Target<'a> {
     pub name: &'a str,
     pub server: &'a Server,
     pub redis_ports: Vec<u16>,
+    pub redis_pids: Vec<u32>,
+}
+
+/// The redis-server processes' CPU seconds so far.
+pub fn redis_cpu(target: &Target<'_>) -> f64 {
+    target.redis_pids.iter().map(|p| cpu_seconds(*p)).sum()
+}
+
+/// µs of the redis-server processes' CPU per decision between two `redis_cpu` readings (none
+/// without Redis).
+pub fn redis_cpu_per(target: &Target<'_>, before: f64, decisions: f64) -> Option<f64> {
+    (!target.redis_pids.is_empty()).then(|| (redis_cpu(target) - before) * 1e6 / decisions)
 }
 
 pub async fn measure(
@@ -49,6 +65,7 @@ pub async fn measure(
     let metrics_before = target.server.admin.map(|a| http_get(a, "/metrics"));
     let cpu_before = target.server.cpu_seconds();
     let redis_before = script_stats(&target.redis_ports);
+    let redis_cpu_before = redis_cpu(target);
     let (tally, elapsed) = drive(
         &channels,
         options.streams,
@@ -107,6 +124,7 @@ pub async fn measure(
         }
     }
     let (redis_us, redis_us_per_script) = redis_cost(target, redis_before, redis_after, decisions);
+    let redis_cpu_us = redis_cpu_per(target, redis_cpu_before, decisions);
     Row {
         binary: target.binary.into(),
         round: 0,
@@ -122,6 +140,7 @@ pub async fn measure(
         server_us: cpu * 1e6 / decisions,
         redis_us,
         redis_us_per_script,
+        redis_cpu_us,
         check: verdict(&problems) + &admitted,
     }
 }
@@ -167,6 +186,7 @@ pub fn measure_h2load(target: &Target<'_>, scenario: Scenario, options: &Options
     let metrics_before = target.server.admin.map(|a| http_get(a, "/metrics"));
     let cpu_before = target.server.cpu_seconds();
     let redis_before = script_stats(&target.redis_ports);
+    let redis_cpu_before = redis_cpu(target);
     let run = go(options.seconds);
     let cpu = target.server.cpu_seconds() - cpu_before;
     let redis_after = script_stats(&target.redis_ports);
@@ -208,6 +228,7 @@ pub fn measure_h2load(target: &Target<'_>, scenario: Scenario, options: &Options
     }
     let decisions = calls.max(1.0);
     let (redis_us, redis_us_per_script) = redis_cost(target, redis_before, redis_after, decisions);
+    let redis_cpu_us = redis_cpu_per(target, redis_cpu_before, decisions);
     Row {
         binary: target.binary.into(),
         round: 0,
@@ -221,6 +242,7 @@ pub fn measure_h2load(target: &Target<'_>, scenario: Scenario, options: &Options
         server_us: cpu * 1e6 / decisions,
         redis_us,
         redis_us_per_script,
+        redis_cpu_us,
         check: verdict(&problems),
     }
 }

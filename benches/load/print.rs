@@ -25,14 +25,14 @@ pub fn print(rows: &[Row], null: &Row, ceiling: (f64, f64), generator_is_h2load:
             .map(|r| r.decisions_per_s)
     };
     println!(
-        "| build | store | scenario | decisions/s | × null | × memory | p50 ms | p99 ms | p99.9 ms | server µs/decision | × null | Redis µs/decision | Redis µs/script call | × minimal script | check |"
+        "| build | store | scenario | decisions/s | × null | × memory | p50 ms | p99 ms | p99.9 ms | server µs/decision | × null | Redis µs/decision | Redis µs/script call | × minimal script | redis-server CPU µs/decision | check |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let opt =
             |v: Option<f64>, digits: usize| v.map_or("—".to_owned(), |v| format!("{v:.digits$}"));
         println!(
-            "| {} | {} | {} | {:.0} | {:.2} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {} | {} | {} | {} |",
             r.binary,
             r.store,
             r.scenario,
@@ -47,6 +47,7 @@ pub fn print(rows: &[Row], null: &Row, ceiling: (f64, f64), generator_is_h2load:
             opt(r.redis_us, 2),
             opt(r.redis_us_per_script, 2),
             opt(r.redis_us.map(|u| u / ceiling.1), 2),
+            opt(r.redis_cpu_us, 2),
             r.check
         );
     }
@@ -68,9 +69,9 @@ pub fn print_comparison(rows: &[Row]) {
     }
     println!();
     println!(
-        "| store | scenario | this build ÷ | rounds | decisions/s | server µs/decision | Redis µs/decision |"
+        "| store | scenario | this build ÷ | rounds | decisions/s | server µs/decision | Redis µs/decision | redis-server CPU µs/decision |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (store, scenario, other) in groups {
         let pairs: Vec<(&Row, &Row)> = rows
             .iter()
@@ -108,11 +109,12 @@ pub fn print_comparison(rows: &[Row]) {
             }
         };
         println!(
-            "| {store} | {scenario} | {other} | {} | {} | {} | {} |",
+            "| {store} | {scenario} | {other} | {} | {} | {} | {} | {} |",
             pairs.len(),
             summary(&|t, o| Some(t.decisions_per_s / o.decisions_per_s)),
             summary(&|t, o| Some(t.server_us / o.server_us)),
             summary(&|t, o| Some(t.redis_us? / o.redis_us?)),
+            summary(&|t, o| Some(t.redis_cpu_us? / o.redis_cpu_us?)),
         );
     }
 }
