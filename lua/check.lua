@@ -202,6 +202,18 @@ local function entry(at, now, charging, commit_charges, call, i, scratch)
   return nil, start
 end
 
+-- The format of `n` numbers of the packed reply, each length made once and kept (string.rep adds
+-- its string once a repetition): constants, right in any later call, at most 256 of them.
+local reply_formats = {}
+local function reply_format(n)
+  local format = reply_formats[n]
+  if format == nil then
+    format = '>' .. string.rep('i8', n)
+    reply_formats[n] = format
+  end
+  return format
+end
+
 -- One script call: what the header above describes. Everything it keeps is reset here first:
 -- as a Redis function (FCALL) the definitions above are made once, when the library is
 -- loaded, and live between calls.
@@ -344,7 +356,7 @@ local function check(KEYS, ARGV)
     local parts = {}
     for first = 1, #out, 256 do
       local last = math.min(first + 255, #out)
-      local format = '>' .. string.rep('i8', last - first + 1)
+      local format = reply_format(last - first + 1)
       parts[#parts + 1] = struct.pack(format, unpack(out, first, last))
     end
     return table.concat(parts)

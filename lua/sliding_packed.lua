@@ -38,6 +38,22 @@ local function be_bytes(v, len)
   return struct.pack(UNSIGNED[len], v)
 end
 
+-- `n` zero bytes. Each length is made once, cut from one string of SLOTS widest counts, and
+-- kept: string.rep adds its string once a repetition (118 zero bytes cost Redis ~9,000
+-- instructions) and a new string costs ~2,500 (a sliding key's rebuild ~33,000 with them). Made
+-- at first use (a function library cannot reach `string` while it loads); constants, right in
+-- any later call, at most SLOTS * 4 of them.
+local zero_bytes, zero_runs = nil, {}
+local function zeros(n)
+  local run = zero_runs[n]
+  if run == nil then
+    if zero_bytes == nil then zero_bytes = string.rep('\0', SLOTS * 4) end
+    run = string.sub(zero_bytes, 1, n)
+    zero_runs[n] = run
+  end
+  return run
+end
+
 local function packed_slot_pos(index, width)
   return PACKED_HEAD + 1 + (index % SLOTS) * width
 end
@@ -68,6 +84,24 @@ local function packed_read_header(raw)
   return width, n, total, last
 end
 
+-- A whole value of two live sub-windows, the newest (i2, c2) and an older one (i1, c1; nil for
+-- none), every other slot zero: packed_build's value without its tables (a table and its growth
+-- cost Redis ~3,000 instructions; the usual rebuild, a short form made whole beside a newer
+-- sub-window, ~30,000 with them).
+local function packed_build_two(width, n, total, last, i1, c1, i2, c2)
+  if c2 > 65535 or (c1 ~= nil and c1 > 65535) then width = 4 end
+  local head, s2 = packed_header(width, n, total, last), i2 % SLOTS
+  if i1 == nil or c1 == 0 or i1 == i2 then
+    return head .. zeros(s2 * width) .. be_bytes(c2, width) .. zeros((SLOTS - 1 - s2) * width)
+  end
+  local s1 = i1 % SLOTS
+  local low, c_low, high, c_high = s1, c1, s2, c2
+  if s2 < s1 then low, c_low, high, c_high = s2, c2, s1, c1 end
+  return head .. zeros(low * width) .. be_bytes(c_low, width) ..
+    zeros((high - low - 1) * width) .. be_bytes(c_high, width) ..
+    zeros((SLOTS - 1 - high) * width)
+end
+
 -- A whole value from (index, count) pairs, every other slot zero (runs of zero slots made at
 -- once: a new key is one count among zeros).
 local function packed_build(width, n, total, last, pairs)
@@ -79,7 +113,7 @@ local function packed_build(width, n, total, last, pairs)
     if at[slot] == nil then slots[#slots + 1] = slot end
     at[slot] = count
   end
-  local parts, zeros = {packed_header(width, n, total, last)}, 0
+  local parts, run = {packed_header(width, n, total, last)}, 0
   if #slots <= 8 then
     -- A few live sub-windows (a key met now and then, its short form made whole): their slots in
     -- order with the zeros between, not a step per slot (a Lua step costs Redis ~50 instructions).
@@ -89,25 +123,25 @@ local function packed_build(width, n, total, last, pairs)
       local slot = slots[k]
       local count = at[slot]
       if count ~= 0 then
-        if slot > from then parts[#parts + 1] = string.rep('\0', (slot - from) * width) end
+        if slot > from then parts[#parts + 1] = zeros((slot - from) * width) end
         parts[#parts + 1] = be_bytes(count, width)
         from = slot + 1
       end
     end
-    if from < SLOTS then parts[#parts + 1] = string.rep('\0', (SLOTS - from) * width) end
+    if from < SLOTS then parts[#parts + 1] = zeros((SLOTS - from) * width) end
     return table.concat(parts)
   end
   for slot = 0, SLOTS - 1 do
     local count = at[slot]
     if count ~= nil and count ~= 0 then
-      if zeros > 0 then parts[#parts + 1] = string.rep('\0', zeros * width) end
-      zeros = 0
+      if run > 0 then parts[#parts + 1] = zeros(run * width) end
+      run = 0
       parts[#parts + 1] = be_bytes(count, width)
     else
-      zeros = zeros + 1
+      run = run + 1
     end
   end
-  if zeros > 0 then parts[#parts + 1] = string.rep('\0', zeros * width) end
+  if run > 0 then parts[#parts + 1] = zeros(run * width) end
   return table.concat(parts)
 end
 
@@ -203,6 +237,11 @@ local function packed_flush(key, s, now, sub_us)
     raw = packed_header(2, s.newest, s.total, s.last) ..
       string.sub(s.raw, PACKED_HEAD + 1, pos - 1) .. be_bytes(s.count, 2) ..
       string.sub(s.raw, pos + 2)
+  elseif s.raw and s.cleared ~= true and string.byte(s.raw, 1) == 1 then
+    -- A short form met again in a newer sub-window while its own is live: the two.
+    local _, stored_n, stored_count = struct.unpack(SHORT, s.raw)
+    raw = packed_build_two(s.width, s.newest, s.total, s.last, stored_n, stored_count, s.newest,
+      s.count)
   else
     -- Rebuilt from the live sub-windows (several taken over, a wider count, a new key).
     local live = {}
