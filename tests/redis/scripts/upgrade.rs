@@ -83,6 +83,23 @@ async fn old_replica(
 /// the new (2 left), 2 on the new, 1 refused on the old. Every algorithm 0.1.0 had; the sliding
 /// window with the new replicas writing 0.1.0's layout (`--redis-layout hash`), as
 /// docs/redis.md's first rollout says.
+/// Every algorithm 0.1.0 had.
+const OF_0_1_0: [Algorithm; 3] = [
+    Algorithm::SlidingWindow,
+    Algorithm::FixedWindow,
+    Algorithm::TokenBucket,
+];
+
+/// 5 a minute, a burst of 5.
+fn five_a_minute(algorithm: Algorithm) -> Limit {
+    Limit {
+        algorithm,
+        requests: 5,
+        window_us: 60_000_000,
+        burst: 5,
+    }
+}
+
 #[tokio::test]
 async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() {
     let redis = RedisServer::start();
@@ -90,17 +107,8 @@ async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() 
     let new = connected_store(Topology::Standalone(redis.url()), "u:")
         .await
         .with_layout(Layout::Hash);
-    for algorithm in [
-        Algorithm::SlidingWindow,
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-    ] {
-        let five = Limit {
-            algorithm,
-            requests: 5,
-            window_us: 60_000_000,
-            burst: 5,
-        };
+    for algorithm in OF_0_1_0 {
+        let five = five_a_minute(algorithm);
         let name = format!("{algorithm:?}");
         let check = |hits: u64| Check {
             key: key::counter_key("up", [("algorithm", name.as_str())], &five, None),
@@ -131,17 +139,8 @@ async fn a_rolling_update_from_0_1_0_shares_one_budget_with_0_1_0s_own_script() 
     // fail open by default), which is why it is not the default while 0.1.0 replicas may share
     // the Redis.
     let packed = connected_store(Topology::Standalone(redis.url()), "p:").await;
-    for algorithm in [
-        Algorithm::SlidingWindow,
-        Algorithm::FixedWindow,
-        Algorithm::TokenBucket,
-    ] {
-        let five = Limit {
-            algorithm,
-            requests: 5,
-            window_us: 60_000_000,
-            burst: 5,
-        };
+    for algorithm in OF_0_1_0 {
+        let five = five_a_minute(algorithm);
         let check = Check {
             key: key::counter_key("up", [("user", "packed")], &five, None),
             limit: five,
@@ -217,12 +216,7 @@ async fn a_replica_with_its_default_settings_shares_a_sliding_window_with_0_1_0(
         .find(|k| k.contains("user"))
         .unwrap_or_else(|| panic!("the new replica's counter: {keys:?}"))
         .to_owned();
-    let five = Limit {
-        algorithm: Algorithm::SlidingWindow,
-        requests: 5,
-        window_us: 60_000_000,
-        burst: 5,
-    };
+    let five = five_a_minute(Algorithm::SlidingWindow);
     let check = |hits: u64| Check {
         key: key.clone(),
         limit: five,
