@@ -215,3 +215,44 @@ fn a_binary_reply_reads_as_the_same_numbers() {
         ));
     }
 }
+
+/// `--redis-layout hash`: every charge, refund and post-paid charge of the three algorithms that
+/// have a string layout becomes its hash form, which the script reads back (common.lua's
+/// HASH_OPS); concurrency and a blocked descriptor stay; claims count the hash forms too.
+#[test]
+fn the_hash_layout_marks_every_counter_that_has_a_string_form() {
+    let ops = [1, 2, 3, 4, 6, 11, 12, 13, 16, 21, 22, 23];
+    let mut args = vec![0, 0, 0, ops.len() as i64];
+    for op in ops {
+        args.extend([op, 0, 0, 0, 0, 0]);
+    }
+    prefer_hash_layout(&mut args);
+    let marked: Vec<i64> = args[4..].chunks(ARGS_PER_KEY).map(|c| c[0]).collect();
+    assert_eq!(marked, [5, 7, 8, 4, 6, 15, 17, 18, 16, 25, 27, 28]);
+
+    let limit = |algorithm| crate::algorithm::Limit {
+        algorithm,
+        requests: 10,
+        window_us: 60_000_000,
+        burst: 10,
+    };
+    let check = |algorithm| Check {
+        key: "k".into(),
+        limit: limit(algorithm),
+        hits: 1,
+        refund: false,
+        post_paid: false,
+    };
+    let checks = [
+        check(Algorithm::SlidingWindow),
+        check(Algorithm::TokenBucket),
+        check(Algorithm::FixedWindow),
+    ];
+    let refs: Vec<&Check> = checks.iter().collect();
+    let mut args = Vec::new();
+    push_call(&refs, ScriptClock::RedisTime, 0, 0, &mut args);
+    prefer_hash_layout(&mut args);
+    count_claims(&mut args, &refs);
+    let counted: Vec<i64> = args[4..].chunks(ARGS_PER_KEY).map(|c| c[0]).collect();
+    assert_eq!(counted, [5, 7, 8].map(|op| op + CLAIMS_OP + 1_000 * 60_000));
+}
