@@ -197,3 +197,90 @@ local function sliding_refund(key, now, sub_us, hits, commit, prefer_hash)
   end
   return packed_refund(key, raw, now, sub_us, current, hits, commit)
 end
+
+-- A short form met in a newer sub-window `current` while its own (`n`, `stored` hits) is live:
+-- refused, or the two sub-windows written whole (`sliding_quick`'s contract).
+local function sliding_quick_newer(key, now, sub_us, limit, hits, n, stored, current)
+  local at = sink_n
+  if stored + hits > limit then
+    -- The total, the newest sub-window holding hits, the live ones: the stored one.
+    sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 0, now, stored, n
+    sink[at + 5], sink[at + 6] = n, stored
+    sink_n = at + 6
+    return 0
+  end
+  local total, last = stored, n
+  if hits > 0 then
+    total, last = stored + hits, current
+    local written = redis.pcall('SET', key,
+      packed_build_two(2, current, total, current, n, stored, current, hits), 'PXAT',
+      expire_at_ms(now, (current + SLOTS) * sub_us - now))
+    if written.err then return nil, written end
+  end
+  sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 1, now, total, last
+  sink_n = at + 4
+  return 1
+end
+
+-- The cold path's usual check (fixed_window.lua's fixed_quick says which) on a key to be made
+-- packed, where the state is new or the short form's: read, decided and written at once, as
+-- packed_open, sliding_window and packed_flush would. Returns allowed; nil and the error for a
+-- key Redis could not read or write; nil, nil, and what GET read (nil: a hash) for any other
+-- state (the full form), which `quick` decides.
+local function sliding_quick(key, now, sub_us, limit, hits)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' then
+    if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil, nil end
+    return nil, raw
+  end
+  local current = (now - math.fmod(now, sub_us)) / sub_us
+  -- n, count: the sub-window counted in and its hits; kept: the stored expiry stands.
+  local n, count, kept = current, 0, false
+  if raw then
+    if #raw ~= SHORT_BYTES or string.byte(raw, 1) ~= 1 then
+      if not packed_valid(raw) then
+        return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+      end
+      return nil, nil, raw
+    end
+    local _, stored_n, stored = struct.unpack(SHORT, raw)
+    if current <= stored_n then
+      -- Its sub-window, or the clock stepped back: hits count into the stored one.
+      n, count, kept = stored_n, stored, true
+    elseif current - stored_n < SLOTS then
+      return sliding_quick_newer(key, now, sub_us, limit, hits, stored_n, stored, current)
+    end
+    -- Else every sub-window has left: as a new key.
+  end
+  local at = sink_n
+  if count + hits > limit then
+    -- Refused: the total, the newest sub-window holding hits and the live ones (its own).
+    if count > 0 then
+      sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 0, now, count, n
+      sink[at + 5], sink[at + 6] = n, count
+      sink_n = at + 6
+    else
+      sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 0, now, 0, 0
+      sink_n = at + 4
+    end
+    return 0
+  end
+  if hits > 0 then
+    -- The short form holds a count of 4 bytes.
+    if count + hits > 4294967295 then return nil, nil, raw end
+    count = count + hits
+    local written
+    if kept then
+      written = redis.pcall('SET', key, struct.pack(SHORT, 1, n, count), 'KEEPTTL')
+    else
+      written = redis.pcall('SET', key, struct.pack(SHORT, 1, n, count), 'PXAT',
+        expire_at_ms(now, (n + SLOTS) * sub_us - now))
+    end
+    if written.err then return nil, written end
+  end
+  local last = 0
+  if count > 0 then last = n end
+  sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 1, now, count, last
+  sink_n = at + 4
+  return 1
+end
