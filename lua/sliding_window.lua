@@ -1,6 +1,7 @@
 -- sliding_open(key, now_us, sub_window_us, prefer_hash) -> state; sliding_window(state, key,
 -- now_us, limit, hits, commit) -> reply; sliding_flush(key, state, now_us, sub_window_us);
--- sliding_refund(key, now_us, sub_window_us, hits, commit, prefer_hash)
+-- sliding_refund(key, now_us, sub_window_us, hits, commit, prefer_hash); sliding_quick (the
+-- cold path's usual check, at the end)
 --
 -- Two layouts of one state: packed (sliding_packed.lua, a string) and the hash below. A key is
 -- read in the layout it is stored in, whatever the call prefers; a new key is made in the one the
