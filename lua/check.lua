@@ -268,16 +268,16 @@ local function check(KEYS, ARGV)
     if place < 0 and op >= 1 and op <= 3 then
       local first = sink_n + 1
       sink_n = first
-      -- A key whose new form is a string: fixed_quick, bucket_quick or sliding_quick, without
-      -- a pcall (they return Redis' errors); a key stored as a hash, a sliding window's full
-      -- form or the hash layout by `quick` (given the sliding window's string when read).
+      -- fixed_quick, bucket_quick (either layout) or sliding_quick (a string), without a pcall
+      -- (they return Redis' errors); a key stored in the other layout, a sliding window's full
+      -- form or its hash layout by `quick` (given the sliding window's string when read).
       local ok, allowed, e, raw = true, nil, nil, nil
-      if prefer_hash then
-        allowed = nil
-      elseif op == 3 then
-        allowed, e = fixed_quick(keys[-place], now, unit, n2, n3)
+      if op == 3 then
+        allowed, e = fixed_quick(keys[-place], now, unit, n2, n3, prefer_hash)
       elseif op == 2 then
-        allowed, e = bucket_quick(keys[-place], now, unit, n2, n3, n4, n5)
+        allowed, e = bucket_quick(keys[-place], now, unit, n2, n3, n4, n5, prefer_hash)
+      elseif prefer_hash then
+        allowed = nil
       else
         allowed, e, raw = sliding_quick(keys[-place], now, unit, n2, n3)
       end

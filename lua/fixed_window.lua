@@ -105,25 +105,37 @@ local function fixed_refund(key, now, window_us, hits, commit, prefer_hash)
 end
 
 -- The cold path's usual check, a charge each alone on a key no other check of the script call
--- names, when its new key is to be a string: read, decided and written at once, without a state
--- table or pcall (a Lua pcall and a table cost as much as the decision). Returns allowed; nil
--- and the error for a key Redis could not read or write (nothing of it is answered); nil, nil
--- when the key is a hash (0.1.0's layout: `quick` decides it).
-local function fixed_quick(key, now, window_us, limit, hits)
-  local raw = redis.pcall('GET', key)
+-- names: read, decided and written at once, without a state table or pcall (a Lua pcall and a
+-- table cost as much as the decision), in the layout its new key is to be made in (`hash`:
+-- 0.1.0's). Returns allowed; nil and the error for a key Redis could not read or write (nothing
+-- of it is answered); nil, nil when the key is stored in the other layout (`quick` decides it).
+local function fixed_quick(key, now, window_us, limit, hits, hash)
   local current = (now - math.fmod(now, window_us)) / window_us
   local count, kept = 0, false
-  if raw then
-    if type(raw) == 'table' then
-      if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil end
-      return nil, raw
+  local stored_window, stored
+  if hash then
+    local fields = redis.pcall('HMGET', key, 'w', 'c')
+    if fields.err then
+      if string.find(fields.err, 'WRONGTYPE', 1, true) then return nil, nil end
+      return nil, fields
     end
-    if #raw ~= FIXED_BYTES then
-      return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+    stored_window, stored = tonumber(fields[1]), tonumber(fields[2]) or 0
+  else
+    local raw = redis.pcall('GET', key)
+    if raw then
+      if type(raw) == 'table' then
+        if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil end
+        return nil, raw
+      end
+      if #raw ~= FIXED_BYTES then
+        return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+      end
+      stored_window, stored = struct.unpack(FIXED, raw)
     end
-    local window, stored = struct.unpack(FIXED, raw)
-    -- The stored window's expiry stands while it is the one counted in.
-    if window >= current then current, count, kept = window, stored, true end
+  end
+  -- The stored window's expiry stands while it is the one counted in.
+  if stored_window ~= nil and stored_window >= current then
+    current, count, kept = stored_window, stored, true
   end
   local n = sink_n
   if count + hits > limit then
@@ -132,14 +144,24 @@ local function fixed_quick(key, now, window_us, limit, hits)
     return 0
   end
   if hits > 0 then
+    -- What Redis answers: a status or a number, or a table holding `err`.
     local written
-    if kept then
-      written = redis.pcall('SET', key, struct.pack(FIXED, current, count + hits), 'KEEPTTL')
+    if hash then
+      written = redis.pcall('HSET', key, 'w', int(current), 'c', int(count + hits))
+      if type(written) == 'table' then return nil, written end
+      if not kept then
+        written = redis.pcall('PEXPIREAT', key, expire_at_ms(now, (current + 1) * window_us - now))
+        if type(written) == 'table' then return nil, written end
+      end
     else
-      written = redis.pcall('SET', key, struct.pack(FIXED, current, count + hits), 'PXAT',
-        expire_at_ms(now, (current + 1) * window_us - now))
+      if kept then
+        written = redis.pcall('SET', key, struct.pack(FIXED, current, count + hits), 'KEEPTTL')
+      else
+        written = redis.pcall('SET', key, struct.pack(FIXED, current, count + hits), 'PXAT',
+          expire_at_ms(now, (current + 1) * window_us - now))
+      end
+      if written.err then return nil, written end
     end
-    if written.err then return nil, written end
     count = count + hits
   end
   sink[n + 1], sink[n + 2], sink[n + 3], sink[n + 4] = 1, now, current, count

@@ -28,12 +28,12 @@
 -- newest sub-window holding hits (l, 0 when none), and the fields that left the window (to be
 -- deleted by a write; nothing is written here).
 local function hash_load(key, current)
-  local stored = redis.call('HMGET', key, 't', 'n', 'l', current)
+  local stored = redis.call('HMGET', key, 't', 'n', 'l', int(current))
   local total, n, last = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
   if n == nil then return 0, current, 0, 0, nil end
   if current == n then return total, n, tonumber(stored[4]) or 0, last, nil end
   if current < n then
-    return total, n, tonumber(redis.call('HGET', key, n)) or 0, last, nil
+    return total, n, tonumber(redis.call('HGET', key, int(n))) or 0, last, nil
   end
   if current - n >= SLOTS then
     -- Every sub-window has left: the key goes as a whole.
@@ -134,8 +134,10 @@ local function hash_flush(key, s, now, sub_us)
   elseif s.leaving ~= nil and #s.leaving > 0 then
     redis.call('HDEL', key, unpack(s.leaving))
   end
-  redis.call('HSET', key, s.newest, s.count, 't', s.total,
-    'n', s.newest, 'l', s.newest)
+  -- The newest sub-window's digits made once for its three places (Redis 7.0 prints each Lua
+  -- number it is handed: common.lua's `int`).
+  local newest = int(s.newest)
+  redis.call('HSET', key, newest, int(s.count), 't', int(s.total), 'n', newest, 'l', newest)
   if s.loaded_last ~= s.newest then
     redis.call('PEXPIREAT', key, expire_at_ms(now, (s.newest + SLOTS) * sub_us - now))
   end

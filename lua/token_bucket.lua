@@ -149,24 +149,35 @@ local function bucket_refund(key, now, requests, back_q, back_r, commit, prefer_
 end
 
 -- The cold path's usual check (fixed_window.lua's fixed_quick says which): a charge each alone,
--- not post-paid, no claims counted, on a key to be made as a string. Returns allowed; nil and
--- the error for a key Redis could not read or write; nil, nil for a key stored as a hash.
-local function bucket_quick(key, now, requests, cost_q, cost_r, tol_q, tol_r)
-  local raw = redis.pcall('GET', key)
+-- not post-paid, no claims counted, in the layout its new key is to be made in (`hash`: 0.1.0's).
+-- Returns allowed; nil and the error for a key Redis could not read or write; nil, nil for a key
+-- stored in the other layout.
+local function bucket_quick(key, now, requests, cost_q, cost_r, tol_q, tol_r, hash)
   local tat, frac = 0, 0
-  if raw then
-    if type(raw) == 'table' then
-      if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil end
-      return nil, raw
+  if hash then
+    local fields = redis.pcall('HMGET', key, 't', 'f', 'r')
+    if fields.err then
+      if string.find(fields.err, 'WRONGTYPE', 1, true) then return nil, nil end
+      return nil, fields
     end
-    if #raw == 8 then
-      tat = struct.unpack('>i8', raw)
-    elseif #raw == 24 then
-      local rate
-      tat, frac, rate = struct.unpack('>i8i8i8', raw)
-      if frac > 0 and rate ~= requests then tat, frac = tat + 1, 0 end
-    else
-      return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+    tat, frac = tonumber(fields[1]) or 0, tonumber(fields[2]) or 0
+    if frac > 0 and tonumber(fields[3]) ~= requests then tat, frac = tat + 1, 0 end
+  else
+    local raw = redis.pcall('GET', key)
+    if raw then
+      if type(raw) == 'table' then
+        if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil end
+        return nil, raw
+      end
+      if #raw == 8 then
+        tat = struct.unpack('>i8', raw)
+      elseif #raw == 24 then
+        local rate
+        tat, frac, rate = struct.unpack('>i8i8i8', raw)
+        if frac > 0 and rate ~= requests then tat, frac = tat + 1, 0 end
+      else
+        return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+      end
     end
   end
   local n = sink_n
@@ -181,15 +192,25 @@ local function bucket_quick(key, now, requests, cost_q, cost_r, tol_q, tol_r)
   sink[n + 1] = 1
   -- Nothing spent (no hits): nothing changes.
   if cost_q == 0 and cost_r == 0 then return 1 end
+  local ttl_us = ahead
+  if next_f > 0 then ttl_us = ahead + 1 end
   local written
-  if next_f == 0 then
-    written = redis.pcall('SET', key, struct.pack('>i8', next_t), 'PXAT',
-      expire_at_ms(now, ahead))
+  if hash then
+    -- What Redis answers: a number, or a table holding `err`.
+    written = redis.pcall('HSET', key, 't', int(next_t), 'f', int(next_f), 'r', int(requests))
+    if type(written) == 'table' then return nil, written end
+    written = redis.pcall('PEXPIREAT', key, expire_at_ms(now, ttl_us))
+    if type(written) == 'table' then return nil, written end
   else
-    written = redis.pcall('SET', key, struct.pack('>i8i8i8', next_t, next_f, requests), 'PXAT',
-      expire_at_ms(now, ahead + 1))
+    if next_f == 0 then
+      written = redis.pcall('SET', key, struct.pack('>i8', next_t), 'PXAT',
+        expire_at_ms(now, ttl_us))
+    else
+      written = redis.pcall('SET', key, struct.pack('>i8i8i8', next_t, next_f, requests), 'PXAT',
+        expire_at_ms(now, ttl_us))
+    end
+    if written.err then return nil, written end
   end
-  if written.err then return nil, written end
   sink[n + 3], sink[n + 4] = next_t, next_f
   return 1
 end
