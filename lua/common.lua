@@ -64,9 +64,11 @@ local function stored_string(key)
 end
 
 -- A string of the length a layout never has: not a counter (another program shares the prefix).
+local NOT_A_COUNTER = {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
 local function not_a_counter()
-  error({err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'})
+  error(NOT_A_COUNTER)
 end
+
 
 -- The operations whose new keys are made as hashes (0.1.0's layout: 5, 7, 8 and their refunds
 -- and post-paid charges), each to the operation it is: 1 sliding, 2 bucket, 3 fixed.

@@ -241,9 +241,7 @@ local function sliding_quick(key, now, sub_us, limit, hits)
   local n, count, kept = current, 0, false
   if raw then
     if #raw ~= SHORT_BYTES or string.byte(raw, 1) ~= 1 then
-      if not packed_valid(raw) then
-        return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
-      end
+      if not packed_valid(raw) then return nil, NOT_A_COUNTER end
       return nil, nil, raw
     end
     local _, stored_n, stored = struct.unpack(SHORT, raw)

@@ -176,7 +176,7 @@ local function bucket_quick(key, now, requests, cost_q, cost_r, tol_q, tol_r, ha
         tat, frac, rate = struct.unpack('>i8i8i8', raw)
         if frac > 0 and rate ~= requests then tat, frac = tat + 1, 0 end
       else
-        return nil, {err = 'WRONGTYPE portcullis: the key holds a string that is not a counter'}
+        return nil, NOT_A_COUNTER
       end
     end
   end

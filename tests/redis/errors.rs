@@ -99,6 +99,56 @@ async fn a_key_of_another_type_fails_only_its_own_call_of_the_batch() {
     assert_eq!(looked[0][0].as_ref().unwrap().remaining, 3);
 }
 
+/// The fixed window's and the bucket's string layout tells another program's string from a
+/// counter (by its length: 16 bytes for a fixed window, 8 or 24 for a bucket) on the cold path
+/// (`fixed_quick`, `bucket_quick`) and the held one alike: the key fails alone, untouched, the
+/// others of the script call are decided.
+#[tokio::test]
+async fn a_foreign_string_where_a_fixed_window_or_a_bucket_lives_fails_only_its_key() {
+    let redis = RedisServer::start();
+    let store = store_on(&redis, "e5:").await;
+    for algorithm in [Algorithm::FixedWindow, Algorithm::TokenBucket] {
+        let limit = Limit {
+            algorithm,
+            ..hourly(5)
+        };
+        let name = format!("{algorithm:?}");
+        let calls: Vec<Vec<Check>> = (0..6)
+            .map(|i| vec![check_of(&format!("{name}{i}"), limit)])
+            .collect();
+        let foreign = format!("e5:{}", calls[2][0].key);
+        assert_eq!(cli(redis.port, &["SET", &foreign, "not a counter"]), "OK");
+        // Alone on its key (the quick path), then beside a second check of the same key (held).
+        for (round, calls) in [
+            calls.clone(),
+            calls
+                .iter()
+                .map(|c| [c.clone(), c.clone()].concat())
+                .collect(),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let answers = at_once(&store, calls, ChargeMode::EachAlone).await;
+            for (i, answer) in answers.iter().enumerate() {
+                if i == 2 {
+                    let error = answer[0].as_ref().expect_err("the foreign key fails");
+                    assert!(
+                        error.to_string().contains("WRONGTYPE"),
+                        "{name} {round}: {error}"
+                    );
+                } else {
+                    assert!(
+                        answer[0].as_ref().expect("decided").allowed,
+                        "{name} {round} {i}"
+                    );
+                }
+            }
+        }
+        assert_eq!(cli(redis.port, &["GET", &foreign]), "not a counter");
+    }
+}
+
 #[tokio::test]
 async fn out_of_memory_fails_the_admissions_that_need_a_write_and_keeps_every_refusal() {
     let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
