@@ -52,7 +52,10 @@ pub async fn measure(
     // h2load sends one request body: only the scenarios of one request shape.
     let one_shape = !matches!(
         scenario,
-        Scenario::ManyKeys(..) | Scenario::Concurrency | Scenario::AtLimit(..)
+        Scenario::ManyKeys(..)
+            | Scenario::NewKeys(..)
+            | Scenario::Concurrency
+            | Scenario::AtLimit(..)
     );
     if options.h2load && rate.is_none() && one_shape {
         return measure_h2load(target, scenario, options);

@@ -64,6 +64,9 @@ pub enum Scenario {
     /// path, a counter met once in a while (label, key, values). A sliding or fixed window's
     /// counter of an hour stays between two calls on it; a token bucket's is full again and gone.
     ManyKeys(&'static str, &'static str, u64),
+    /// One descriptor per call whose value no call of the run has sent before, every call
+    /// allowed: every decision on a counter that does not exist yet (label, key).
+    NewKeys(&'static str, &'static str),
     /// A concurrency rule: calls alternate a hold and its release (a request through Envoy is
     /// both), over 1000 values, every call allowed.
     Concurrency,
@@ -78,6 +81,7 @@ impl Scenario {
             Scenario::Three => "three descriptors".into(),
             Scenario::ManyKeys("", _, n) => format!("{}k distinct keys", n / 1000),
             Scenario::ManyKeys(label, _, n) => format!("{}k distinct keys, {label}", n / 1000),
+            Scenario::NewKeys(label, _) => format!("new keys, {label}"),
             Scenario::Concurrency => "concurrency, a hold and a release".into(),
         }
     }
@@ -102,6 +106,14 @@ impl Scenario {
                 .map(|k| descriptor(k, "x".into()))
                 .collect(),
             Scenario::ManyKeys(_, key, n) => vec![descriptor(key, (i % n).to_string())],
+            // Counted over the whole process: a later round, on the same Redis, meets none of
+            // an earlier one's keys.
+            Scenario::NewKeys(_, key) => {
+                vec![descriptor(
+                    key,
+                    NEW_KEYS.fetch_add(1, Ordering::Relaxed).to_string(),
+                )]
+            }
             Scenario::Concurrency => {
                 let mut slot = descriptor("cc", (i / 2 % 1000).to_string());
                 slot.is_negative_hits = i % 2 == 1;
@@ -151,7 +163,10 @@ impl Scenario {
     }
 }
 
-pub const ALL: [Scenario; 11] = [
+/// The values NewKeys has sent so far.
+static NEW_KEYS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub const ALL: [Scenario; 14] = [
     Scenario::One("sliding window", "sw"),
     Scenario::One("token bucket", "tb"),
     Scenario::One("fixed window", "fw"),
@@ -162,6 +177,9 @@ pub const ALL: [Scenario; 11] = [
     Scenario::ManyKeys("", "user", 100_000),
     Scenario::ManyKeys("token bucket", "user_tb", 100_000),
     Scenario::ManyKeys("fixed window", "user_fw", 100_000),
+    Scenario::NewKeys("sliding window", "user"),
+    Scenario::NewKeys("token bucket", "user_tb"),
+    Scenario::NewKeys("fixed window", "user_fw"),
     Scenario::Concurrency,
 ];
 
