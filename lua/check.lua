@@ -276,9 +276,7 @@ local function check(KEYS, ARGV)
         allowed, e = fixed_quick(keys[-place], now, unit, n2, n3, prefer_hash)
       elseif op == 2 then
         allowed, e = bucket_quick(keys[-place], now, unit, n2, n3, n4, n5, prefer_hash)
-      elseif prefer_hash then
-        allowed = nil
-      else
+      elseif not prefer_hash then
         allowed, e, raw = sliding_quick(keys[-place], now, unit, n2, n3)
       end
       if e ~= nil then ok, allowed = false, e end
