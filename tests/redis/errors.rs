@@ -149,57 +149,80 @@ async fn a_foreign_string_where_a_fixed_window_or_a_bucket_lives_fails_only_its_
     }
 }
 
+/// Every algorithm: a new key's admission is made and read by one `SET … NX GET`, which a full
+/// Redis refuses as it refuses any write; the key is then read as before, and its refusal kept.
 #[tokio::test]
 async fn out_of_memory_fails_the_admissions_that_need_a_write_and_keeps_every_refusal() {
     let redis = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
     let store = store_on(&redis, "e2:").await;
-    let spent: Vec<Check> = (0..10)
-        .map(|i| check_of(&format!("spent{i}"), hourly(1)))
-        .collect();
-    // Each spent key has used its budget.
-    for answer in at_once(&store, std::slice::from_ref(&spent), ChargeMode::EachAlone).await {
-        assert!(answer.iter().all(|a| a.as_ref().unwrap().allowed));
-    }
-    assert_eq!(cli(redis.port, &["CONFIG", "SET", "maxmemory", "1"]), "OK");
-    cli(redis.port, &["CONFIG", "RESETSTAT"]);
-
-    // Refusals and new admissions, interleaved, in one script call.
-    let calls: Vec<Vec<Check>> = (0..20)
-        .map(|i| {
-            if i % 2 == 0 {
-                vec![spent[i / 2].clone()]
-            } else {
-                vec![check_of(&format!("fresh{i}"), hourly(5))]
-            }
-        })
-        .collect();
-    let answers = at_once(&store, &calls, ChargeMode::EachAlone).await;
-    assert_eq!(
-        script_calls(redis.port),
-        1,
-        "the calls rode one script call"
-    );
-    for (i, answer) in answers.iter().enumerate() {
-        match &answer[0] {
-            Ok(decision) => {
-                assert!(
-                    i % 2 == 0,
-                    "call {i} admitted without its write: {decision:?}"
-                );
-                assert!(!decision.allowed, "call {i}: {decision:?}");
-                assert!(decision.reset_after > Duration::from_secs(3000));
-            }
-            Err(StoreError::Unavailable(message)) => {
-                assert!(i % 2 == 1, "refusal {i} lost: {message}");
-                assert!(message.contains("out of memory"), "{message}");
-            }
-            Err(other) => panic!("call {i}: {other}"),
+    for algorithm in [
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ] {
+        let of = |requests| Limit {
+            algorithm,
+            ..hourly(requests)
+        };
+        let name = |what: &str, i: usize| format!("{what}{i}-{algorithm:?}");
+        let spent: Vec<Check> = (0..10)
+            .map(|i| check_of(&name("spent", i), of(1)))
+            .collect();
+        // Each spent key has used its budget.
+        for answer in at_once(&store, std::slice::from_ref(&spent), ChargeMode::EachAlone).await {
+            assert!(answer.iter().all(|a| a.as_ref().unwrap().allowed));
         }
+        assert_eq!(cli(redis.port, &["CONFIG", "SET", "maxmemory", "1"]), "OK");
+        cli(redis.port, &["CONFIG", "RESETSTAT"]);
+
+        // Refusals and new admissions, interleaved, in one script call.
+        let calls: Vec<Vec<Check>> = (0..20)
+            .map(|i| {
+                if i % 2 == 0 {
+                    vec![spent[i / 2].clone()]
+                } else {
+                    vec![check_of(&name("fresh", i), of(5))]
+                }
+            })
+            .collect();
+        let answers = at_once(&store, &calls, ChargeMode::EachAlone).await;
+        assert_eq!(
+            script_calls(redis.port),
+            1,
+            "the calls rode one script call"
+        );
+        for (i, answer) in answers.iter().enumerate() {
+            match &answer[0] {
+                Ok(decision) => {
+                    assert!(
+                        i % 2 == 0,
+                        "{algorithm:?} call {i} admitted without its write: {decision:?}"
+                    );
+                    assert!(!decision.allowed, "{algorithm:?} call {i}: {decision:?}");
+                    // A spent key's reset: an hour on, but for the fixed window's (at the
+                    // hour's end, aligned).
+                    let floor = match algorithm {
+                        Algorithm::FixedWindow => Duration::ZERO,
+                        _ => Duration::from_secs(3000),
+                    };
+                    assert!(decision.reset_after > floor, "{algorithm:?}: {decision:?}");
+                }
+                Err(StoreError::Unavailable(message)) => {
+                    assert!(i % 2 == 1, "{algorithm:?} refusal {i} lost: {message}");
+                    assert!(message.contains("out of memory"), "{message}");
+                }
+                Err(other) => panic!("{algorithm:?} call {i}: {other}"),
+            }
+        }
+        // Memory back: the fresh keys are counted from zero (nothing half written).
+        assert_eq!(cli(redis.port, &["CONFIG", "SET", "maxmemory", "0"]), "OK");
+        let answers = at_once(&store, &calls[1..2], ChargeMode::EachAlone).await;
+        assert_eq!(
+            answers[0][0].as_ref().unwrap().remaining,
+            4,
+            "{algorithm:?}"
+        );
     }
-    // Memory back: the fresh keys are counted from zero (nothing half written).
-    assert_eq!(cli(redis.port, &["CONFIG", "SET", "maxmemory", "0"]), "OK");
-    let answers = at_once(&store, &calls[1..2], ChargeMode::EachAlone).await;
-    assert_eq!(answers[0][0].as_ref().unwrap().remaining, 4);
 }
 
 /// A call that reaches Redis after its deadline (held in a partition, delivered once it heals)
