@@ -11,6 +11,7 @@ use crate::common::redis::{RedisCluster, RedisServer, cli};
 use crate::common::{TestServer, request};
 use portcullis::pb::rate_limit_response::Code;
 use portcullis::settings::{Settings, StoreKind};
+use portcullis::store::redis::script;
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -32,30 +33,29 @@ async fn scripts_are_sent_again_after_the_node_forgets_them() {
             .overall_code,
         OK
     );
-    let library = format!(
-        "portcullis_{}",
-        portcullis::store::redis::script::SHA.as_str()
-    );
+    let library = format!("portcullis_{}", script::SHA.as_str());
     let listed = || cli(redis.port, &["FUNCTION", "LIST", "LIBRARYNAME", &library]);
     assert!(listed().contains(&library), "loaded: {}", listed());
-    // One decision is one FCALL, no EVALSHA or EVAL beside it (a readiness look meanwhile sends
-    // one FCALL and one EVALSHA).
-    let calls = |command: &str| -> u64 {
-        let stats = cli(redis.port, &["INFO", "commandstats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().expect("a count"))
-    };
-    let before = (calls("fcall"), calls("evalsha"), calls("eval"));
-    server.ok(request("hostile", &[&[("sliding", "m")]])).await;
-    let after = (calls("fcall"), calls("evalsha"), calls("eval"));
-    assert_eq!(
-        (after.0 - before.0 - (after.1 - before.1), after.2),
-        (1, before.2),
-        "{before:?} → {after:?}"
+    // One decision is one FCALL of the decision function, no EVALSHA or EVAL of the decision
+    // script beside it (a readiness look meanwhile sends one FCALL and one EVALSHA of it). Read
+    // from SLOWLOG, which logs every command at a threshold of 0 with its arguments: the scaling
+    // factors' reader sends EVAL of its own script at any moment (commandstats counted it).
+    let mut conn = common::redis::plain_connection(redis.port).await;
+    cli(
+        redis.port,
+        &["CONFIG", "SET", "slowlog-log-slower-than", "0"],
     );
+    cli(redis.port, &["CONFIG", "SET", "slowlog-max-len", "10000"]);
+    cli(redis.port, &["SLOWLOG", "RESET"]);
+    server.ok(request("hostile", &[&[("sliding", "m")]])).await;
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .expect("SLOWLOG GET");
+    let sent = decision_script_calls(&log);
+    assert_eq!((sent.fcall - sent.evalsha, sent.eval), (1, 0), "{sent:?}");
     assert_eq!(cli(redis.port, &["FUNCTION", "FLUSH"]), "OK");
     assert_eq!(cli(redis.port, &["SCRIPT", "FLUSH"]), "OK");
     assert!(!listed().contains(&library));
@@ -66,6 +66,45 @@ async fn scripts_are_sent_again_after_the_node_forgets_them() {
     );
     assert!(listed().contains(&library), "loaded again: {}", listed());
     server.stop().await;
+}
+
+/// Commands of the decision script in a SLOWLOG reply: FCALL of its function, EVALSHA of its SHA,
+/// EVAL of its source (SLOWLOG keeps an argument's first 128 bytes).
+#[derive(Debug, Default)]
+struct DecisionScriptCalls {
+    fcall: u64,
+    evalsha: u64,
+    eval: u64,
+}
+
+fn decision_script_calls(log: &[redis::Value]) -> DecisionScriptCalls {
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    let source_start: String = script::SOURCE.chars().take(100).collect();
+    let mut calls = DecisionScriptCalls::default();
+    for entry in log {
+        // id, time, duration, arguments, client address, client name.
+        let redis::Value::Array(fields) = entry else {
+            panic!("a SLOWLOG entry: {entry:?}")
+        };
+        let Some(redis::Value::Array(args)) = fields.get(3) else {
+            panic!("a SLOWLOG entry's arguments: {entry:?}")
+        };
+        let (Some(command), Some(first)) = (args.first(), args.get(1)) else {
+            continue;
+        };
+        let (command, first) = (text(command).to_ascii_uppercase(), text(first));
+        match command.as_str() {
+            "FCALL" if first == *script::FUNCTION => calls.fcall += 1,
+            "EVALSHA" if first == *script::SHA => calls.evalsha += 1,
+            "EVAL" if first.starts_with(&source_start) => calls.eval += 1,
+            _ => {}
+        }
+    }
+    calls
 }
 
 const SHARED_RULES: &str = r#"
