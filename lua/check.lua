@@ -278,9 +278,10 @@ local function check(KEYS, ARGV)
     if place < 0 and op >= 1 and op <= 3 then
       local first = sink_n + 1
       sink_n = first
-      -- fixed_quick, bucket_quick (either layout) or sliding_quick (a string), without a pcall
-      -- (they return Redis' errors); a key stored in the other layout, a sliding window's full
-      -- form or its hash layout by `quick` (given the sliding window's string when read).
+      -- fixed_quick, bucket_quick (either layout), sliding_quick (a string) or
+      -- sliding_quick_hash, without a pcall (they return Redis' errors); a key stored in the
+      -- other layout or in a state they leave (a sliding window's full form, a hash met in a
+      -- newer sub-window) by `quick` (given the sliding window's string when read).
       local ok, allowed, e, raw = true, nil, nil, nil
       if op == 3 then
         allowed, e = fixed_quick(keys[-place], now, unit, n2, n3, prefer_hash)
@@ -288,6 +289,8 @@ local function check(KEYS, ARGV)
         allowed, e = bucket_quick(keys[-place], now, unit, n2, n3, n4, n5, prefer_hash)
       elseif not prefer_hash then
         allowed, e, raw = sliding_quick(keys[-place], now, unit, n2, n3)
+      else
+        allowed, e, raw = sliding_quick_hash(keys[-place], now, unit, n2, n3)
       end
       if e ~= nil then ok, allowed = false, e end
       if ok and allowed == nil then

@@ -104,7 +104,8 @@ end
 -- state read, decided and written at once, as `state` and `flush` would, without holding it (the
 -- cold path: a rule keyed by user meets a new counter on almost every call). A refused write
 -- raises, failing the key (`entry`), as a held state's failed write fails its writers. `raw`: the
--- sliding window's string as sliding_quick read it, if it did.
+-- sliding window's string as sliding_quick read it, or its hash's fields as sliding_quick_hash
+-- did, if either did.
 local function quick(op, key, now, unit, n2, n3, n4, n5, prefer_hash, raw)
   local s, result
   if op == 3 then
@@ -116,7 +117,10 @@ local function quick(op, key, now, unit, n2, n3, n4, n5, prefer_hash, raw)
     result = token_bucket(s, now, n2, n3, n4, n5, unit, true, false, nil, nil)
     bucket_flush(key, s, now, unit)
   else
-    if raw then
+    if type(raw) == 'table' then
+      -- A hash's fields as sliding_quick_hash read them.
+      s = hash_open(key, (now - math.fmod(now, unit)) / unit, raw)
+    elseif raw then
       -- Read and checked by sliding_quick already.
       s = packed_open(raw, (now - math.fmod(now, unit)) / unit)
     else

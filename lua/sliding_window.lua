@@ -1,7 +1,7 @@
 -- sliding_open(key, now_us, sub_window_us, prefer_hash) -> state; sliding_window(state, key,
 -- now_us, limit, hits, commit) -> reply; sliding_flush(key, state, now_us, sub_window_us);
--- sliding_refund(key, now_us, sub_window_us, hits, commit, prefer_hash); sliding_quick (the
--- cold path's usual check, at the end)
+-- sliding_refund(key, now_us, sub_window_us, hits, commit, prefer_hash); sliding_quick and
+-- sliding_quick_hash (the cold path's usual check in each layout, at the end)
 --
 -- Two layouts of one state: packed (sliding_packed.lua, a string) and the hash below. A key is
 -- read in the layout it is stored in, whatever the call prefers; a new key is made in the one the
@@ -27,8 +27,9 @@
 -- The state at sub-window `current`: total, the sub-window hits go to (newest), its count, the
 -- newest sub-window holding hits (l, 0 when none), and the fields that left the window (to be
 -- deleted by a write; nothing is written here).
-local function hash_load(key, current)
-  local stored = redis.call('HMGET', key, 't', 'n', 'l', int(current))
+local function hash_load(key, current, stored)
+  -- (`stored`: these four fields as sliding_quick_hash read them, if it did.)
+  stored = stored or redis.call('HMGET', key, 't', 'n', 'l', int(current))
   local total, n, last = tonumber(stored[1]), tonumber(stored[2]), tonumber(stored[3])
   if n == nil then return 0, current, 0, 0, nil end
   if current == n then return total, n, tonumber(stored[4]) or 0, last, nil end
@@ -68,8 +69,8 @@ end
 -- The state of `key` at `now`, held by check.lua for every call of the script call at the same
 -- clock reading: what was read, and what the admitted hits changed (only the newest sub-window,
 -- the total and `l`), written once by sliding_flush.
-local function hash_open(key, current)
-  local total, newest, count, last, leaving = hash_load(key, current)
+local function hash_open(key, current, stored)
+  local total, newest, count, last, leaving = hash_load(key, current, stored)
   return {layout = 'hash', total = total, newest = newest, count = count, last = last,
     loaded_last = last, leaving = leaving, dirty = false, stored = nil}
 end
@@ -282,6 +283,50 @@ local function sliding_quick(key, now, sub_us, limit, hits)
   local last = 0
   if count > 0 then last = n end
   sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 1, now, count, last
+  sink_n = at + 4
+  return 1
+end
+
+-- The cold path's usual check on a key to be made a hash (`--redis-layout hash`, 0.1.0's), new
+-- or met again in the sub-window it counts in: read by one HMGET, decided and written at once,
+-- as hash_open, sliding_window and hash_flush would. Returns allowed; nil and the error for a key
+-- Redis could not read or write; nil, nil and what HMGET read (nil: a string) for any other
+-- state (a refusal with hits stored, which answers its live sub-windows; a newer sub-window),
+-- which `quick` decides.
+local function sliding_quick_hash(key, now, sub_us, limit, hits)
+  local current = (now - math.fmod(now, sub_us)) / sub_us
+  local digits = int(current)
+  local stored = redis.pcall('HMGET', key, 't', 'n', 'l', digits)
+  if stored.err then
+    if string.find(stored.err, 'WRONGTYPE', 1, true) then return nil, nil end
+    return nil, stored
+  end
+  local total, count, last = 0, 0, 0
+  local n = tonumber(stored[2])
+  if n ~= nil then
+    if n ~= current then return nil, nil, stored end
+    total, count, last = tonumber(stored[1]), tonumber(stored[4]) or 0, tonumber(stored[3])
+  end
+  local at = sink_n
+  if total + hits > limit then
+    -- A key stored answers its live sub-windows (`quick`); a new one nothing.
+    if n ~= nil then return nil, nil, stored end
+    sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 0, now, 0, 0
+    sink_n = at + 4
+    return 0
+  end
+  if hits > 0 then
+    total, count = total + hits, count + hits
+    local written = redis.pcall('HSET', key, digits, int(count), 't', int(total), 'n', digits,
+      'l', digits)
+    if type(written) == 'table' then return nil, written end
+    if last ~= current then
+      written = redis.pcall('PEXPIREAT', key, expire_at_ms(now, (current + SLOTS) * sub_us - now))
+      if type(written) == 'table' then return nil, written end
+    end
+    last = current
+  end
+  sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 1, now, total, last
   sink_n = at + 4
   return 1
 end

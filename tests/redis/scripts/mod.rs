@@ -8,6 +8,7 @@ use crate::common;
 mod model;
 mod oracle;
 mod production;
+mod quick;
 mod upgrade;
 
 use crate::common::redis::{decide, decide_in, plain_connection};
@@ -81,3 +82,37 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::FixedWindow,
     Algorithm::Concurrency,
 ];
+
+/// `check`'s key expires in Redis when the model's counter does, absolute on the shared clock: a
+/// key that outlives its state is harmless, one that expires before it hands the budget out
+/// again (issue 48: a fixed window's TTL halved passed every test). `prefix`: the store's.
+async fn assert_expires_as_the_model(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    memory: &MemoryStore,
+    check: &Check,
+    now: u64,
+    at: &str,
+) {
+    let redis_ms: i64 = redis::cmd("PEXPIRETIME")
+        .arg(format!("{prefix}{}", check.key))
+        .query_async(conn)
+        .await
+        .expect("PEXPIRETIME");
+    match memory.expires_at_us(&check.key) {
+        // Never written, or emptied: no key (the script deletes an empty state).
+        None => assert_eq!(redis_ms, -2, "{at}: {check:?}"),
+        // Redis' TTLs are whole milliseconds, at least one, rounded up; a bucket whose TAT a
+        // clock stepping back left more than 2^52 us ahead keeps its key that much longer in
+        // Redis (the model's reset is capped there).
+        Some(expires) => {
+            let written = i64::try_from(expires.div_ceil(1000)).unwrap();
+            let capped = expires >= now.saturating_add(1 << 52);
+            assert!(
+                redis_ms >= written && (redis_ms <= written + 1 || capped),
+                "{at}: expires at {redis_ms} ms in Redis, {expires} us in the model, now {now}: \
+                 {check:?}"
+            );
+        }
+    }
+}
