@@ -186,12 +186,9 @@ local function bucket_quick(key, now, requests, cost_q, cost_r, tol_q, tol_r, ha
             expire_at_ms(now, ahead), 'GET')
         end
         if raw == false then
-          -- Made: its numbers in order (a table's array part takes only the next index).
+          -- Made: the charge on a full bucket.
           local n = sink_n
-          sink[n + 1] = 1
-          sink[n + 2] = now
-          sink[n + 3] = next_t
-          sink[n + 4] = next_f
+          sink[n + 1], sink[n + 2], sink[n + 3], sink[n + 4] = 1, now, next_t, next_f
           sink_n = n + 4
           return 1
         end
