@@ -116,3 +116,26 @@ async fn assert_expires_as_the_model(
         }
     }
 }
+
+/// Two replicas on one Redis under the prefix `model:` (the oracle's): one making new keys
+/// packed, one as hashes (0.1.0's layout, for a rolling update), each reading the other's keys
+/// as they are stored; the memory model beside them, and a plain connection to read what Redis
+/// stored.
+struct TwoLayouts {
+    packed: portcullis::store::RedisStore,
+    hashed: portcullis::store::RedisStore,
+    memory: Arc<MemoryStore>,
+    conn: redis::aio::MultiplexedConnection,
+}
+
+async fn two_layouts(redis: &RedisServer) -> TwoLayouts {
+    let topology = || Topology::Standalone(redis.url());
+    TwoLayouts {
+        packed: connected_store(topology(), "model:").await,
+        hashed: connected_store(topology(), "model:")
+            .await
+            .with_layout(Layout::Hash),
+        memory: MemoryStore::new(Arc::new(ManualClock::new(0))),
+        conn: plain_connection(redis.port).await,
+    }
+}

@@ -6,14 +6,12 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
     let redis = RedisServer::start();
-    let packed = connected_store(Topology::Standalone(redis.url()), "model:").await;
-    // A second replica on the same keys whose new sliding-window keys are hashes (the layout of
-    // 0.1.0, for a rolling update): each reads the other's keys as they are stored.
-    let hashed = connected_store(Topology::Standalone(redis.url()), "model:")
-        .await
-        .with_layout(Layout::Hash);
-    let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
-    let mut conn = plain_connection(redis.port).await;
+    let TwoLayouts {
+        packed,
+        hashed,
+        memory,
+        mut conn,
+    } = two_layouts(&redis).await;
     let mut rng = Rng(0x5EED_1234_ABCD_0001);
     let mut compared = 0;
     for case in 0..90u64 {

@@ -11,12 +11,12 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_of_one_check_decide_like_the_model_in_both_layouts() {
     let redis = RedisServer::start();
-    let packed = connected_store(Topology::Standalone(redis.url()), "model:").await;
-    let hashed = connected_store(Topology::Standalone(redis.url()), "model:")
-        .await
-        .with_layout(Layout::Hash);
-    let memory = MemoryStore::new(Arc::new(ManualClock::new(0)));
-    let mut conn = plain_connection(redis.port).await;
+    let TwoLayouts {
+        packed,
+        hashed,
+        memory,
+        mut conn,
+    } = two_layouts(&redis).await;
     let mut rng = Rng(0x0C01_D0C0_FFEE_0047);
     let mut charges = 0;
     for case in 0..150u64 {
