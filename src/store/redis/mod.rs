@@ -30,6 +30,7 @@ mod query;
 mod quota;
 mod reply;
 pub mod script;
+mod script_calls;
 mod send;
 
 use std::sync::Arc;

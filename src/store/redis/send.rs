@@ -11,43 +11,15 @@ use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::errors::{did_not_run, is_noscript, is_tryagain};
 use super::script;
-
-/// How a store calls the decision script: by FCALL of the library (its definitions made once per
-/// node, not at every call), or by EVALSHA once a node has refused functions (Redis 6, `FCALL`
-/// renamed away, an ACL that allows EVALSHA and not FCALL or FUNCTION LOAD): from then on the
-/// store keeps to scripts, which every such node runs.
-#[derive(Debug, Default)]
-pub struct ScriptCalls {
-    scripts_only: AtomicBool,
-}
-
-impl ScriptCalls {
-    /// Calls go by EVALSHA from now on; said once, with the node's reason.
-    fn keep_to_scripts(&self, why: &RedisError) {
-        if !self.scripts_only.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                error = %why,
-                "Redis refused the decision script's function library: calling it by EVALSHA \
-                 from now on (every decision defines the script's functions again, which costs \
-                 Redis about a microsecond more)"
-            );
-        }
-    }
-
-    /// Whether calls go by EVALSHA.
-    pub fn scripts_only(&self) -> bool {
-        self.scripts_only.load(Ordering::Relaxed)
-    }
-}
+pub use super::script_calls::ScriptCalls;
 
 /// What a node answers to FCALL or FUNCTION LOAD where it has no functions for us: an unknown
 /// command, or an ACL refusing it. The call did not run.
-fn refuses_functions(error: &RedisError) -> bool {
+pub(super) fn refuses_functions(error: &RedisError) -> bool {
     matches!(error.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
         || error.to_string().contains("unknown command")
 }
@@ -184,9 +156,7 @@ pub(super) async fn run_empty<C: redis::aio::ConnectionLike + RoutedConn>(
     if calls.scripts_only() {
         return Ok(());
     }
-    let scripts = ScriptCalls {
-        scripts_only: AtomicBool::new(true),
-    };
+    let scripts = ScriptCalls::scripts_for_now();
     eval(conn, &scripts, &[], &[0, 0], &Route::BySlot, false)
         .await
         .map(drop)
