@@ -198,8 +198,9 @@ pub struct Settings {
     /// How new counters (sliding window, fixed window, token bucket) are stored in Redis: `hash`
     /// (0.1.0's layout, the default in 0.2: replicas of 0.1.0 read only hashes, so a rolling
     /// update from 0.1.0 shares every budget in one rollout) or `packed` (one string per counter,
-    /// written with its expiry by one command: a third of a sliding window's memory, a third to a
-    /// half less Redis CPU for a new counter; set it once no replica of 0.1.0 shares the Redis).
+    /// written with its expiry by one command: a third of a sliding window's memory, a fifth to
+    /// two fifths less Redis CPU for a new counter; set it once no replica of 0.1.0 shares the
+    /// Redis).
     /// Either layout is read as it is stored.
     #[arg(
         long,
