@@ -280,8 +280,8 @@ local function check(KEYS, ARGV)
       sink_n = first
       -- fixed_quick, bucket_quick (either layout), sliding_quick (a string) or
       -- sliding_quick_hash, without a pcall (they return Redis' errors); a key stored in the
-      -- other layout or in a state they leave (a sliding window's full form, a hash met in a
-      -- newer sub-window) by `quick` (given the sliding window's string when read).
+      -- other layout or in a state they leave (a sliding window's full form, a refusal with
+      -- hits stored) by `quick` (given the sliding window's string or fields when read).
       local ok, allowed, e, raw = true, nil, nil, nil
       if op == 3 then
         allowed, e = fixed_quick(keys[-place], now, unit, n2, n3, prefer_hash)

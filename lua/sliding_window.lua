@@ -287,12 +287,53 @@ local function sliding_quick(key, now, sub_us, limit, hits)
   return 1
 end
 
--- The cold path's usual check on a key to be made a hash (`--redis-layout hash`, 0.1.0's), new
--- or met again in the sub-window it counts in: read by one HMGET, decided and written at once,
--- as hash_open, sliding_window and hash_flush would. Returns allowed; nil and the error for a key
--- Redis could not read or write; nil, nil and what HMGET read (nil: a string) for any other
--- state (a refusal with hits stored, which answers its live sub-windows; a newer sub-window),
--- which `quick` decides.
+-- A hash met in a newer sub-window `current` while some of its own are live (n < current < n +
+-- SLOTS), admitted: the sub-windows that leave read by one more HMGET and taken off the total,
+-- deleted if any was stored, and the hits written as hash_load, sliding_window and hash_flush
+-- would (sliding_quick_hash's contract; a refusal goes to `quick`, which answers the live ones).
+local function sliding_quick_hash_newer(key, now, sub_us, limit, hits, stored, n, current, digits)
+  local total, last = tonumber(stored[1]), tonumber(stored[3])
+  -- Sub-windows n - SUB_WINDOWS .. current - SLOTS leave (at least one: current > n).
+  local leaving = {}
+  for index = n - SUB_WINDOWS, current - SLOTS do leaving[#leaving + 1] = int(index) end
+  local counts = redis.pcall('HMGET', key, unpack(leaving))
+  if counts.err then return nil, counts end
+  local present = 0
+  for i = 1, #counts do
+    local count = tonumber(counts[i])
+    if count ~= nil then
+      total = total - count
+      present = present + 1
+      leaving[present] = leaving[i]
+    end
+  end
+  if total <= 0 then last = 0 end
+  if total + hits > limit then return nil, nil, stored end
+  if hits > 0 then
+    if present > 0 then
+      local deleted = redis.pcall('HDEL', key, unpack(leaving, 1, present))
+      if type(deleted) == 'table' then return nil, deleted end
+    end
+    total, last = total + hits, current
+    local written = redis.pcall('HSET', key, digits, int(hits), 't', int(total), 'n', digits,
+      'l', digits)
+    if type(written) == 'table' then return nil, written end
+    written = redis.pcall('PEXPIREAT', key, expire_at_ms(now, (current + SLOTS) * sub_us - now))
+    if type(written) == 'table' then return nil, written end
+  end
+  local at = sink_n
+  sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 1, now, total, last
+  sink_n = at + 4
+  return 1
+end
+
+-- The cold path's usual check on a key to be made a hash (`--redis-layout hash`, 0.1.0's), new,
+-- met again in the sub-window it counts in or in a newer one while some of its own are live:
+-- read by one HMGET (two for a newer sub-window), decided and written at once, as hash_open,
+-- sliding_window and hash_flush would. Returns allowed; nil and the error for a key Redis could
+-- not read or write; nil, nil and what HMGET read (nil: a string) for any other state (a refusal
+-- with hits stored, which answers its live sub-windows; the clock behind the stored sub-window;
+-- every sub-window gone), which `quick` decides.
 local function sliding_quick_hash(key, now, sub_us, limit, hits)
   local current = (now - math.fmod(now, sub_us)) / sub_us
   local digits = int(current)
@@ -304,7 +345,12 @@ local function sliding_quick_hash(key, now, sub_us, limit, hits)
   local total, count, last = 0, 0, 0
   local n = tonumber(stored[2])
   if n ~= nil then
-    if n ~= current then return nil, nil, stored end
+    if n ~= current then
+      if n < current and current - n < SLOTS then
+        return sliding_quick_hash_newer(key, now, sub_us, limit, hits, stored, n, current, digits)
+      end
+      return nil, nil, stored
+    end
     total, count, last = tonumber(stored[1]), tonumber(stored[4]) or 0, tonumber(stored[3])
   end
   local at = sink_n

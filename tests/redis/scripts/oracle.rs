@@ -129,11 +129,33 @@ async fn sliding_live(
                 .query_async(conn)
                 .await
                 .expect("HGETALL");
-            let n = fields.iter().find(|(f, _)| f == "n").map_or(0, |(_, v)| *v);
-            let pairs = fields
+            let field = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| *v);
+            let n = field("n").unwrap_or(0);
+            let pairs: Vec<(u64, u64)> = fields
                 .iter()
                 .filter_map(|(f, v)| f.parse::<u64>().ok().map(|i| (i, *v)))
                 .collect();
+            // What every read relies on: a hash holds only the sub-windows of its own window
+            // (the ones that left are deleted when it moves on, or it would grow while busy),
+            // each with hits, `t` their sum and `l` the newest.
+            assert!(
+                pairs
+                    .iter()
+                    .all(|&(i, count)| i + 60 >= n && i <= n && count > 0),
+                "{key}: sub-windows outside [n - 60, n] or empty: {fields:?}"
+            );
+            let sum: u64 = pairs.iter().map(|(_, count)| count).sum();
+            let newest_with_hits = pairs.iter().map(|(i, _)| *i).max();
+            assert_eq!(
+                field("t"),
+                Some(sum),
+                "{key}: `t` is not their sum: {fields:?}"
+            );
+            assert_eq!(
+                field("l"),
+                newest_with_hits,
+                "{key}: `l` is not the newest: {fields:?}"
+            );
             (n, pairs)
         }
         other => panic!("{key} is a {other}"),

@@ -88,6 +88,7 @@ async fn calls_of_one_check_decide_like_the_model_in_both_layouts() {
         }
     }
     // (That the quick functions decided them was shown by defects planted in each, every one
-    // failing this test: BENCHMARKS.md, "The cold path, profiled with symbols".)
+    // failing this test: BENCHMARKS.md, "The cold path, profiled with symbols" and "… the hash
+    // layout's sliding window met in a later sub-window".)
     assert!(charges > 4000, "{charges} charges of one check");
 }
