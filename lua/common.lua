@@ -17,6 +17,9 @@ else
   int = function(n) return string.format('%d', n) end
 end
 
+-- SET's NX with GET: Redis 7.0 and later (Valkey says 7.2.4); older servers read first.
+local MAKE_WITH_GET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+
 -- The expiry, as PEXPIREAT and PXAT take it (digits). The last one made is kept: the new keys of
 -- one rule in a script call share their expiry (a fixed window's end, a new bucket's span), so
 -- one is printed, not one a key. A memo of a pure function, right in any later call too.

@@ -231,15 +231,38 @@ end
 -- packed_open, sliding_window and packed_flush would. Returns allowed; nil and the error for a
 -- key Redis could not read or write; nil, nil, and what GET read (nil: a hash) for any other
 -- state (the full form), which `quick` decides.
+local sliding_fresh = 0
 local function sliding_quick(key, now, sub_us, limit, hits)
-  local raw = redis.pcall('GET', key)
+  local current = (now - math.fmod(now, sub_us)) / sub_us
+  local raw
+  -- A new key made by SET's NX with GET when the keys met lately were mostly new (as
+  -- fixed_quick's, which says why).
+  if sliding_fresh > 7 and hits > 0 and hits <= limit and hits <= 4294967295
+      and MAKE_WITH_GET then
+    raw = redis.pcall('SET', key, struct.pack(SHORT, 1, current, hits), 'NX', 'PXAT',
+      expire_at_ms(now, (current + SLOTS) * sub_us - now), 'GET')
+    if raw == false then
+      if sliding_fresh < 16 then sliding_fresh = sliding_fresh + 1 end
+      local at = sink_n
+      sink[at + 1], sink[at + 2], sink[at + 3], sink[at + 4] = 1, now, hits, current
+      sink_n = at + 4
+      return 1
+    end
+    -- An error (a hash, a full Redis): read by GET, as without this.
+    if type(raw) == 'table' then raw = nil end
+  end
+  if raw == nil then raw = redis.pcall('GET', key) end
   if type(raw) == 'table' then
     if string.find(raw.err, 'WRONGTYPE', 1, true) then return nil, nil, nil end
     return nil, raw
   end
-  local current = (now - math.fmod(now, sub_us)) / sub_us
   -- n, count: the sub-window counted in and its hits; kept: the stored expiry stands.
   local n, count, kept = current, 0, false
+  if not raw then
+    if sliding_fresh < 16 then sliding_fresh = sliding_fresh + 1 end
+  elseif sliding_fresh > 0 then
+    sliding_fresh = sliding_fresh - 1
+  end
   if raw then
     if #raw ~= SHORT_BYTES or string.byte(raw, 1) ~= 1 then
       if not packed_valid(raw) then return nil, NOT_A_COUNTER end

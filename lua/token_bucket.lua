@@ -148,9 +148,6 @@ local function bucket_refund(key, now, requests, back_q, back_r, commit, prefer_
   return reply(1, now, tat, frac)
 end
 
--- SET's NX with GET: Redis 7.0 and later (Valkey says 7.2.4); older servers read first.
-local MAKE_WITH_GET = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
-
 -- The cold path's usual check (fixed_window.lua's fixed_quick says which): a charge each alone,
 -- not post-paid, no claims counted, in the layout its new key is to be made in (`hash`: 0.1.0's).
 -- Returns allowed; nil and the error for a key Redis could not read or write; nil, nil for a key
@@ -172,8 +169,8 @@ local function bucket_quick(key, now, requests, cost_q, cost_r, tol_q, tol_r, ha
       -- so the usual charge, a user's who calls less often, meets none: it is made by one
       -- command, SET's NX with GET, where a GET and a SET took two, if it fits a full bucket; a
       -- key still there is read by it, as GET would. (A window's key lives its window, met
-      -- again by anyone who calls twice in it: fixed_quick and sliding_quick read first, as
-      -- the extra cost of a key met again outweighs. BENCHMARKS.md has both.)
+      -- again by anyone who calls twice in it: fixed_quick and sliding_quick take this way only
+      -- while the keys they met lately were mostly new.)
       local next_t, next_f = now + cost_q, cost_r
       if next_f >= requests then next_t, next_f = next_t + 1, next_f - requests end
       local ahead = next_t - now
