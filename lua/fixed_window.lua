@@ -104,11 +104,6 @@ local function fixed_refund(key, now, window_us, hits, commit, prefer_hash)
   return reply(1, now, window, count)
 end
 
--- The cold path's usual check, a charge each alone on a key no other check of the script call
--- names: read, decided and written at once, without a state table or pcall (a Lua pcall and a
--- table cost as much as the decision), in the layout its new key is to be made in (`hash`:
--- 0.1.0's). Returns allowed; nil and the error for a key Redis could not read or write (nothing
--- of it is answered); nil, nil when the key is stored in the other layout (`quick` decides it).
 -- A packed window's key is made by SET's NX with GET (one command: a new key made, or the stored
 -- one read without a write) when the keys met lately were mostly new, and read first by GET
 -- otherwise: a new key costs 0.9 of a GET and a SET that way, one met again 1.1 (BENCHMARKS.md).
@@ -118,6 +113,11 @@ end
 -- read per decision). Only what a decision costs depends on it, never the decision.
 local fixed_fresh = 0
 
+-- The cold path's usual check, a charge each alone on a key no other check of the script call
+-- names: read, decided and written at once, without a state table or pcall (a Lua pcall and a
+-- table cost as much as the decision), in the layout its new key is to be made in (`hash`:
+-- 0.1.0's). Returns allowed; nil and the error for a key Redis could not read or write (nothing
+-- of it is answered); nil, nil when the key is stored in the other layout (`quick` decides it).
 local function fixed_quick(key, now, window_us, limit, hits, hash)
   local current = (now - math.fmod(now, window_us)) / window_us
   local count, kept = 0, false

@@ -226,17 +226,18 @@ local function sliding_quick_newer(key, now, sub_us, limit, hits, n, stored, cur
   return 1
 end
 
+-- The guess that keys are new, as fixed_quick's (fixed_window.lua says why).
+local sliding_fresh = 0
+
 -- The cold path's usual check (fixed_window.lua's fixed_quick says which) on a key to be made
 -- packed, where the state is new or the short form's: read, decided and written at once, as
 -- packed_open, sliding_window and packed_flush would. Returns allowed; nil and the error for a
 -- key Redis could not read or write; nil, nil, and what GET read (nil: a hash) for any other
 -- state (the full form), which `quick` decides.
-local sliding_fresh = 0
 local function sliding_quick(key, now, sub_us, limit, hits)
   local current = (now - math.fmod(now, sub_us)) / sub_us
   local raw
-  -- A new key made by SET's NX with GET when the keys met lately were mostly new (as
-  -- fixed_quick's, which says why).
+  -- A new key made by SET's NX with GET when the keys met lately were mostly new.
   if sliding_fresh > 7 and hits > 0 and hits <= limit and hits <= 4294967295
       and MAKE_WITH_GET then
     raw = redis.pcall('SET', key, struct.pack(SHORT, 1, current, hits), 'NX', 'PXAT',
