@@ -211,9 +211,10 @@ async fn cold_row(
 /// The decision script's definitions as `dir` (a `lua/` directory) holds them, joined as
 /// `script::SOURCE` joins them (an older `check.lua` runs one script call itself).
 fn source_of(dir: &str) -> String {
-    const PARTS: [&str; 9] = [
+    const PARTS: [&str; 10] = [
         "common",
         "sliding_packed",
+        "sliding_hash",
         "sliding_window",
         "token_bucket",
         "fixed_window",
@@ -226,9 +227,15 @@ fn source_of(dir: &str) -> String {
         .iter()
         .filter_map(|p| {
             let path = format!("{dir}/{p}.lua");
-            // held.lua came out of check.lua: an older directory has none.
+            // held.lua came out of check.lua, sliding_hash.lua out of sliding_window.lua: an
+            // older directory has none.
             match std::fs::read_to_string(&path) {
-                Err(e) if *p == "held" && e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e)
+                    if (*p == "held" || *p == "sliding_hash")
+                        && e.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    None
+                }
                 read => Some(read.unwrap_or_else(|e| panic!("read {path}: {e}"))),
             }
         })

@@ -41,7 +41,7 @@ import tempfile
 import time
 
 # held.lua came out of check.lua: an older directory has none.
-PARTS = ["common", "sliding_packed", "sliding_window", "token_bucket", "fixed_window",
+PARTS = ["common", "sliding_packed", "sliding_hash", "sliding_window", "token_bucket", "fixed_window",
          "concurrency", "claims", "held", "check"]
 
 # The seven numbers of one check (lua/check.lua): operation, unit, four parameters; the place.

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-FILES = ['common', 'sliding_packed', 'sliding_window', 'token_bucket', 'fixed_window', 'check']
+FILES = ['common', 'sliding_packed', 'sliding_hash', 'sliding_window', 'token_bucket', 'fixed_window', 'check']
 OPS = {'sliding window': (1, 16666, 10**9, 1, 0, 0), 'token bucket': (2, 10**9, 0, 1, 10**6, 0),
        'fixed window': (3, 10**6, 10**9, 1, 0, 0)}
 

@@ -24,6 +24,7 @@ use crate::store::{StoreError, in_call_order};
 const QUOTA: &str = concat!(
     include_str!("../../../lua/common.lua"),
     include_str!("../../../lua/sliding_packed.lua"),
+    include_str!("../../../lua/sliding_hash.lua"),
     include_str!("../../../lua/sliding_window.lua"),
     include_str!("../../../lua/fixed_window.lua"),
     include_str!("../../../lua/claims.lua"),

@@ -26,6 +26,7 @@ macro_rules! definitions {
         concat!(
             include_str!("../../../lua/common.lua"),
             include_str!("../../../lua/sliding_packed.lua"),
+            include_str!("../../../lua/sliding_hash.lua"),
             include_str!("../../../lua/sliding_window.lua"),
             include_str!("../../../lua/token_bucket.lua"),
             include_str!("../../../lua/fixed_window.lua"),
