@@ -136,11 +136,7 @@ async fn a_script_call_of_many_calls_on_hot_keys_decides_like_the_calls_one_by_o
             }
             let from_redis = one_script_call(&mut conn, "hot:", &calls).await;
             for (n, ((checks, at, mode), from_redis)) in calls.iter().zip(from_redis).enumerate() {
-                let from_memory: Vec<_> = memory
-                    .check_all_at(checks, *at, *mode)
-                    .into_iter()
-                    .map(|answer| answer.expect("the memory store answers"))
-                    .collect();
+                let from_memory = modelled(&memory, checks, *at, *mode);
                 assert_eq!(
                     from_redis, from_memory,
                     "round {round} call {n} at {at} {mode:?}: {checks:?}"

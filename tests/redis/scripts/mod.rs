@@ -83,6 +83,20 @@ const ALGORITHMS: [Algorithm; 4] = [
     Algorithm::Concurrency,
 ];
 
+/// What the memory model decides for `checks` at `now`: the answers the scripts must equal.
+fn modelled(
+    memory: &MemoryStore,
+    checks: &[Check],
+    now: u64,
+    mode: ChargeMode,
+) -> Vec<portcullis::algorithm::Decision> {
+    memory
+        .check_all_at(checks, now, mode)
+        .into_iter()
+        .map(|answer| answer.expect("the memory store answers"))
+        .collect()
+}
+
 /// `check`'s key expires in Redis when the model's counter does, absolute on the shared clock: a
 /// key that outlives its state is harmless, one that expires before it hands the budget out
 /// again (issue 48: a fixed window's TTL halved passed every test). `prefix`: the store's.

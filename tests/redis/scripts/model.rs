@@ -97,11 +97,7 @@ async fn scripts_decide_exactly_like_the_memory_model_on_random_sequences() {
             let mode = random_mode(&mut rng);
             let store = if rng.below(3) == 0 { &hashed } else { &packed };
             let from_redis = decide_in(store, &checks, ScriptClock::Fixed(now), mode).await;
-            let from_memory: Vec<_> = memory
-                .check_all_at(&checks, now, mode)
-                .into_iter()
-                .map(|answer| answer.expect("the memory store answers"))
-                .collect();
+            let from_memory = modelled(&memory, &checks, now, mode);
             assert_eq!(
                 from_redis, from_memory,
                 "case {case} step {step} at {now} {mode:?}: {checks:?}"
@@ -297,11 +293,7 @@ fn scripts_match_the_model_on_extreme_parameters() {
                     .collect();
                 let from_redis =
                     runtime.block_on(decide_in(&store, &checks, ScriptClock::Fixed(now), mode));
-                let from_memory: Vec<_> = memory
-                    .check_all_at(&checks, now, mode)
-                    .into_iter()
-                    .map(|answer| answer.expect("the memory store answers"))
-                    .collect();
+                let from_memory = modelled(&memory, &checks, now, mode);
                 prop_assert_eq!(
                     from_redis,
                     from_memory,

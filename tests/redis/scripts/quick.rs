@@ -84,22 +84,14 @@ async fn calls_of_one_check_decide_like_the_model_in_both_layouts() {
                         post_paid: false,
                     }];
                     let from_redis = decide_in(&packed, &fresh, clock, ChargeMode::EachAlone).await;
-                    let from_memory: Vec<_> = memory
-                        .check_all_at(&fresh, now, ChargeMode::EachAlone)
-                        .into_iter()
-                        .map(|answer| answer.expect("the memory store answers"))
-                        .collect();
+                    let from_memory = modelled(&memory, &fresh, now, ChargeMode::EachAlone);
                     assert_eq!(from_redis, from_memory, "new key {at}: {fresh:?}");
                     made += 1;
                 }
             }
             let checks = [check];
             let from_redis = decide_in(store, &checks, clock, ChargeMode::EachAlone).await;
-            let from_memory: Vec<_> = memory
-                .check_all_at(&checks, now, ChargeMode::EachAlone)
-                .into_iter()
-                .map(|answer| answer.expect("the memory store answers"))
-                .collect();
+            let from_memory = modelled(&memory, &checks, now, ChargeMode::EachAlone);
             let at = format!("case {case} step {step} at {now}: {:?}", checks[0]);
             assert_eq!(from_redis, from_memory, "{at}");
             let seen = super::oracle::Seen {
